@@ -1,0 +1,171 @@
+"""The config applier: put a profile's values (and INDUCTOR_* overrides) into torch's config.
+
+Values are written at the level torch keeps for environment defaults
+(``_ConfigEntry.env_value_default``) where the running torch has one. That level is
+global, so the values hold in every thread and in threads started later (from torch
+2.12 a plain assignment is per-thread), and it sits below assignments in code, so a
+value the user's own code sets later still wins. Older torch without that level gets a
+plain assignment, which is global there. Every value is read back, in this thread and in
+a fresh one, before it is reported ``applied``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from rocm_autopatch import profiles, record
+from rocm_autopatch.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
+
+Warn = Callable[[Any, str], Any]
+_MISSING = object()
+
+
+def _entry(module: ModuleType, key: str) -> Any:
+    entries = module.__dict__.get("_config")
+    return entries.get(key) if isinstance(entries, dict) else None
+
+
+def has_key(module: ModuleType, key: str) -> bool:
+    entries = module.__dict__.get("_config")
+    if isinstance(entries, dict):
+        return key in entries
+    return hasattr(module, key)
+
+
+def torch_key(module: ModuleType, setting: profiles.Setting, short: str) -> Optional[str]:
+    """The name the running torch uses for ``short`` (the key without its namespace)."""
+    for name in (short, *setting.older_names):
+        if has_key(module, name) and getattr(_entry(module, name), "alias", None) is None:
+            return name
+    for name in (short, *setting.older_names):  # an alias is still better than nothing
+        if has_key(module, name):
+            return name
+    return None
+
+
+def read(module: ModuleType, key: str) -> Any:
+    return getattr(module, key, _MISSING)
+
+
+def set_value(module: ModuleType, key: str, value: Any) -> None:
+    """Write ``value`` below user assignments and above torch's own default."""
+    entry = _entry(module, key)
+    if entry is None or not hasattr(entry, "env_value_default") or entry.alias is not None:
+        setattr(module, key, value)
+        return
+    entry.env_value_default = value
+    # Invalidate torch's cached dict/hash of the config (names vary by release).
+    for dirty in ("_hash_dirty_var",):
+        var = module.__dict__.get(dirty)
+        if var is not None:
+            var.set(True)
+    if "_is_dirty" in module.__dict__:
+        module.__dict__["_is_dirty"] = True
+    mark = getattr(module, "_mark_get_dict_dirty", None)
+    if callable(mark):
+        mark(key)
+
+
+def _read_in_new_thread(module: ModuleType, keys: Sequence[str]) -> Dict[str, Any]:
+    seen: Dict[str, Any] = {}
+
+    def run() -> None:
+        for key in keys:
+            seen[key] = read(module, key)
+
+    thread = threading.Thread(target=run, name="rocm-autopatch-verify", daemon=True)
+    thread.start()
+    thread.join()
+    return seen
+
+
+def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: str,
+                 warn: Warn) -> None:
+    for var in setting.env:
+        if var not in os.environ or before == wanted:
+            continue
+        name = setting.key.split(".", 1)[1]
+        keep = "INDUCTOR_" + name.upper().replace(".", "__")
+        warn(("env", var), f"{var}={os.environ[var]} is set in this environment (container "
+             f"images do this); the {profile} profile sets {setting.key}={wanted!r} instead: "
+             f"{setting.reason}. To keep it, set {keep}={os.environ[var]}.")
+
+
+def apply(module: ModuleType, namespace: str, profile: str,
+          overrides: Dict[str, Tuple[Any, str]], warn: Warn) -> List[ConfigChange]:
+    """Apply ``profile``'s ``namespace`` ("inductor"/"dynamo") settings to ``module``."""
+    prefix = namespace + "."
+    wanted: Dict[str, Tuple[profiles.Setting, str, Any, str]] = {}  # key -> (setting, ...)
+    changes: List[ConfigChange] = []
+    for setting in profiles.PROFILES[profile]:
+        if not setting.key.startswith(prefix):
+            continue
+        short = setting.key[len(prefix):]
+        name = torch_key(module, setting, short)
+        if name is None:
+            changes.append(ConfigChange(setting.key, None, None, "profile", SKIPPED,
+                                        "not in this torch's config" + (
+                                            f" (nor {', '.join(setting.older_names)})"
+                                            if setting.older_names else ""),
+                                        wanted=setting.value))
+            continue
+        wanted[setting.key] = (setting, name, setting.value, "profile")
+    for short, (value, var) in overrides.items():
+        key = prefix + short
+        setting = wanted[key][0] if key in wanted else profiles.Setting(key, value, var)
+        wanted[key] = (setting._replace(at_least=False), short, value, "override")
+
+    applied_keys: List[Tuple[str, str]] = []
+    for key, (setting, name, value, source) in wanted.items():
+        before = read(module, name)
+        noop = profiles.NOOP_KEYS.get(key) or (
+            "deprecated in this torch" if getattr(_entry(module, name), "deprecated", False)
+            else "")
+        if noop:
+            changes.append(ConfigChange(key, before, before, source, SKIPPED,
+                                        f"no-op: {noop}", wanted=value, torch_key=name))
+            continue
+        if setting.at_least and isinstance(before, int) and before > value:
+            value = before  # never lower a limit someone raised
+        if source == "profile":
+            _hostile_env(setting, value, before, profile, warn)
+        try:
+            if before != value:
+                set_value(module, name, value)
+        except Exception as exc:  # noqa: BLE001 - one key failing must not stop the rest
+            changes.append(ConfigChange(key, before, read(module, name), source, FAILED,
+                                        f"setting it raised {exc!r}", wanted=value,
+                                        torch_key=name))
+            continue
+        after = read(module, name)
+        status = UNCHANGED if before == value else APPLIED
+        reason = "" if status == APPLIED else "torch already had this value"
+        if after != value:
+            status, reason = FAILED, _why_not(module, name)
+        changes.append(ConfigChange(key, before, after, source, status, reason,
+                                    wanted=value, torch_key=name if name != key[len(prefix):]
+                                    else ""))
+        applied_keys.append((key, name))
+
+    # A value that only this thread sees is not applied (torch >= 2.12 is per-thread).
+    elsewhere = _read_in_new_thread(module, [name for _, name in applied_keys])
+    for change in changes:
+        if change.status in (APPLIED, UNCHANGED):
+            name = change.torch_key or change.key[len(prefix):]
+            if elsewhere.get(name, _MISSING) != change.wanted:
+                change.status = FAILED
+                change.reason = (f"a new thread reads {elsewhere.get(name)!r}: the value "
+                                 "holds in the importing thread only")
+    for change in changes:
+        record.REPORT.set_config(change)
+    return changes
+
+
+def _why_not(module: ModuleType, key: str) -> str:
+    force = getattr(_entry(module, key), "env_value_force", _MISSING)
+    if force is not _MISSING and read(module, key) == force:
+        return "pinned by a TORCHINDUCTOR_* force variable in the environment"
+    return "torch reads another value back (set earlier in code in this thread?)"

@@ -1,0 +1,116 @@
+"""What runs when each torch module is first imported (wired up in ``bootstrap.HOOKS``).
+
+``on_torch`` decides, once, whether this process is patched (a ROCm build, or
+``ROCM_AUTOPATCH=force``); on any other build it removes the import hook and changes
+nothing. The other hooks apply the configuration and fixes to the module just imported,
+so Dynamo and Inductor are never imported early. Each is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Optional, Set, Tuple
+
+from rocm_autopatch import bootstrap, importhook, log, probe, profiles, record
+
+_lock = threading.RLock()
+_decided = False
+_configured: Set[Tuple[str, int, int]] = set()
+
+
+def _profile() -> str:
+    raw = os.environ.get(profiles.ENV_PROFILE, "")
+    name = raw.strip().lower() or profiles.DEFAULT_PROFILE
+    if name not in profiles.PROFILES:
+        log.warn_once(("env", profiles.ENV_PROFILE),
+                      f"{profiles.ENV_PROFILE}={raw!r} is not a profile; accepted: "
+                      f"{', '.join(profiles.PROFILES)}. Using {profiles.DEFAULT_PROFILE}.")
+        name = profiles.DEFAULT_PROFILE
+    return name
+
+
+def decide(torch: Optional[ModuleType] = None) -> bool:
+    """Is rocm-autopatch active in this process? Decided once, from torch's build strings."""
+    global _decided
+    report = record.REPORT
+    with _lock:
+        if _decided:
+            return report.active
+        torch = torch or sys.modules.get("torch")
+        if torch is None or getattr(torch, "version", None) is None:
+            return False  # too early to tell; a later hook decides
+        _decided = True
+        report.mode = bootstrap.mode
+        report.forced = bootstrap.mode == "force"
+        report.platform = probe.platform_of(torch)
+        report.torch_version = str(getattr(torch, "__version__", "unknown"))
+        report.hip_version = getattr(torch.version, "hip", None)
+        if report.platform != "rocm" and not report.forced:
+            report.active = False
+            report.reason = (f"torch {report.torch_version} is a {report.platform} build; "
+                             "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
+            importhook.uninstall()
+            return False
+        report.active = True
+        report.profile = _profile()
+        report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
+                         else f"ROCm build (HIP {report.hip_version})")
+        return True
+
+
+def on_torch(torch: ModuleType) -> None:
+    if not decide(torch):
+        return
+    from rocm_autopatch import compile_guard
+
+    compile_guard.install(torch)
+
+
+def _configure(module: ModuleType, namespace: str) -> None:
+    if not decide():
+        return
+    # Once per module object and config table: a reload builds a new table, and re-applies.
+    token = (namespace, id(module), id(module.__dict__.get("_config")))
+    with _lock:
+        if token in _configured:
+            return
+        _configured.add(token)
+    from rocm_autopatch import config_applier, overrides
+
+    profile = record.REPORT.profile
+    found = overrides.read(module, warn=log.warn_once) if namespace == "inductor" else {}
+    changes = config_applier.apply(module, namespace, profile, found, log.warn_once)
+    logger = log.get_logger()
+    for change in changes:
+        logger.debug("%s: %r -> %r (%s, %s%s)", change.key, change.before, change.after,
+                     change.source, change.status,
+                     f": {change.reason}" if change.reason else "")
+    changed = [c.key for c in changes if c.status == record.APPLIED]
+    failed = [c.key for c in changes if c.status == record.FAILED]
+    log.summary(f"{namespace} config, {profile} profile: {len(changed)} changed"
+                + (f" ({', '.join(changed)})" if changed else "")
+                + (f"; FAILED: {', '.join(failed)}" if failed else "")
+                + "; `rocm-autopatch doctor` shows all, ROCM_AUTOPATCH=0 turns it off")
+    for change in changes:
+        if change.status == record.FAILED:
+            log.warn_once(("failed", change.key),
+                          f"could not set {change.key}={change.wanted!r}: {change.reason}")
+
+
+def on_inductor_config(module: ModuleType) -> None:
+    _configure(module, "inductor")
+
+
+def on_dynamo_config(module: ModuleType) -> None:
+    _configure(module, "dynamo")
+
+
+def on_convert_frame(module: ModuleType) -> None:
+    if not decide():
+        return
+    from rocm_autopatch import capture_fix
+
+    capture_fix.install(module)

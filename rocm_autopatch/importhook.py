@@ -1,0 +1,128 @@
+"""Post-import hooks: run a callback right after a named module finishes executing.
+
+A small meta-path finder in the style of wrapt's ``importer`` (stdlib only, because it
+is loaded at interpreter start). For a watched name it asks the finders behind it for
+the real spec and wraps that spec's loader so the callback fires after ``exec_module``.
+Every other import costs one dict lookup. Callbacks are named as ``"pkg.mod:func"``
+strings and imported only when they fire, so nothing of ours loads before torch does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable, Dict, Optional, Sequence
+
+Callback = Callable[[ModuleType], None]
+
+_state = threading.local()
+
+
+def _resolve(target: str) -> Callback:
+    module_name, _, func_name = target.partition(":")
+    __import__(module_name)
+    return getattr(sys.modules[module_name], func_name)
+
+
+def _report_failure(name: str, target: str, exc: BaseException) -> None:
+    """Last line of defence: a hook must never break the user's import."""
+    try:
+        from rocm_autopatch import record
+
+        record.hook_failed(name, target, exc)
+    except Exception:  # noqa: BLE001 - the recorder itself failed; say so and go on
+        try:
+            sys.stderr.write(
+                f"rocm-autopatch: warning: hook {target} for {name} failed: {exc!r}\n"
+            )
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def fire(name: str, module: ModuleType, targets: Sequence[str]) -> None:
+    """Run each callback for ``module``; a failing one is recorded, the rest still run."""
+    for target in targets:
+        try:
+            _resolve(target)(module)
+        except Exception as exc:  # noqa: BLE001 - see _report_failure
+            _report_failure(name, target, exc)
+
+
+class _HookedLoader:
+    """Wraps a real loader; restores it on the module, then fires the hooks after exec."""
+
+    def __init__(self, loader: Any, finder: PostImportFinder, name: str) -> None:
+        self._loader = loader
+        self._finder = finder
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:  # get_source, get_resource_reader, ...
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec: Any) -> Optional[ModuleType]:
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module must see its real loader (inspect, importlib.resources, pickling).
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        self._loader.exec_module(module)
+        self._finder.module_loaded(self._name, sys.modules.get(self._name, module))
+
+
+class PostImportFinder:
+    """The meta-path finder. One per process; see ``bootstrap.start``."""
+
+    def __init__(self, hooks: Dict[str, Sequence[str]]) -> None:
+        self.hooks = dict(hooks)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.hooks:
+            return None
+        busy = getattr(_state, "busy", None)
+        if busy is None:
+            busy = _state.busy = set()
+        if fullname in busy:
+            return None
+        busy.add(fullname)
+        try:
+            spec = None
+            for finder in list(sys.meta_path):
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookedLoader(spec.loader, self, fullname)
+        return spec
+
+    def module_loaded(self, name: str, module: ModuleType) -> None:
+        fire(name, module, self.hooks.get(name, ()))
+
+    def fire_already_imported(self) -> None:
+        """Modules imported before we were installed (another .pth got there first)."""
+        for name, targets in list(self.hooks.items()):
+            module = sys.modules.get(name)
+            if module is not None:
+                fire(name, module, targets)
+
+
+def installed_finder() -> Optional[PostImportFinder]:
+    for finder in sys.meta_path:
+        if isinstance(finder, PostImportFinder) or type(finder).__name__ == "PostImportFinder":
+            return finder  # type: ignore[return-value]
+    return None
+
+
+def uninstall() -> None:
+    """Remove our finder: used when torch turns out not to be a ROCm build."""
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PostImportFinder"]

@@ -1,0 +1,153 @@
+"""``INDUCTOR_*`` environment overrides: find them, map them to config keys, parse them.
+
+Any Inductor key can be set as ``INDUCTOR_<KEY>``, upper case, with a nested key's dot
+written ``__`` (``INDUCTOR_TRITON__CUDAGRAPHS``; a single ``_`` works where it is not
+ambiguous). Seed 000's short names are aliases. Values are parsed by the key's type on
+the running torch, never evaluated. Bad names and values warn once and are ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import typing
+from types import ModuleType
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+PREFIX = "INDUCTOR_"
+# Seed 000's names whose key isn't simply the upper-cased name.
+ALIASES = {"INDUCTOR_COORD_DESCENT": "coordinate_descent_tuning"}
+TRUE_WORDS = ("1", "true", "on", "yes")
+FALSE_WORDS = ("0", "false", "off", "no")
+NONE_WORDS = ("none", "null")
+
+
+def config_keys(module: ModuleType) -> List[str]:
+    entries = getattr(module, "_config", None)
+    if isinstance(entries, dict):
+        return sorted(entries)
+    return sorted(k for k in getattr(module, "_allowed_keys", ()) if not k.startswith("_"))
+
+
+def env_names(keys: List[str]) -> Dict[str, str]:
+    """Env variable name -> config key, for every key."""
+    names: Dict[str, str] = {}
+    loose: Dict[str, List[str]] = {}
+    for key in keys:
+        names[PREFIX + key.upper().replace(".", "__")] = key
+        loose.setdefault(PREFIX + key.upper().replace(".", "_"), []).append(key)
+    for name, owners in loose.items():
+        if name not in names and len(owners) == 1:
+            names[name] = owners[0]
+    for name, key in ALIASES.items():
+        if key in keys:
+            names.setdefault(name, key)
+    return names
+
+
+def key_type(module: ModuleType, key: str) -> Any:
+    entry = getattr(module, "_config", {}).get(key)
+    declared = getattr(entry, "value_type", None)
+    if declared is not None:
+        return declared
+    if hasattr(entry, "default"):  # torch with _ConfigEntry but no value_type
+        return type(entry.default)
+    return type(getattr(module, key))  # older torch: _config maps key -> value
+
+
+def describe(kind: Any) -> str:
+    args = typing.get_args(kind)
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is typing.Union and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(describe(a) for a in inner) + " or none"
+    if kind is bool:
+        return "a boolean (1/0, true/false, on/off, yes/no)"
+    if kind is int:
+        return "an integer"
+    if kind is float:
+        return "a number"
+    if kind is str:
+        return "a string"
+    return f"nothing: {getattr(kind, '__name__', kind)} keys can't be set from the environment"
+
+
+def parse(raw: str, kind: Any) -> Any:
+    """Parse ``raw`` as ``kind``; ValueError (saying what is accepted) when it isn't one."""
+    text = raw.strip()
+    low = text.lower()
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        for allowed in typing.get_args(kind):
+            if str(allowed).lower() == low or (isinstance(allowed, bool) and
+                                               low in (TRUE_WORDS if allowed else FALSE_WORDS)):
+                return allowed
+        raise ValueError(describe(kind))
+    if origin is typing.Union:
+        args = typing.get_args(kind)
+        if type(None) in args and low in NONE_WORDS:
+            return None
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return parse(raw, option)
+            except ValueError:
+                pass
+        raise ValueError(describe(kind))
+    if kind is bool:
+        if low in TRUE_WORDS:
+            return True
+        if low in FALSE_WORDS:
+            return False
+        raise ValueError(describe(kind))
+    if kind is int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise ValueError(describe(kind)) from None
+    if kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(describe(kind)) from None
+    if kind is str:
+        return raw
+    raise ValueError(describe(kind))
+
+
+def read(module: ModuleType, environ: Optional[Mapping[str, str]] = None,
+         warn: Any = None) -> Dict[str, Tuple[Any, str]]:
+    """{config key: (value, env var name)} for each valid ``INDUCTOR_*`` variable set.
+
+    ``warn(key, message)`` is called once per bad variable; the variable is then ignored.
+    """
+    environ = os.environ if environ is None else environ
+    keys = config_keys(module)
+    names = env_names(keys)
+    found: Dict[str, Tuple[Any, str]] = {}
+    for var in sorted(environ):
+        if not var.startswith(PREFIX):
+            continue
+        raw = environ[var]
+        key = names.get(var)
+        if key is None:
+            close = difflib.get_close_matches(var, list(names), n=3, cutoff=0.6)
+            hint = f"; closest: {', '.join(close)}" if close else ""
+            if warn:
+                warn(("unknown", var), f"{var} names no torch._inductor.config key on this "
+                     f"torch; ignored{hint}. Form: INDUCTOR_<KEY>, nested keys with __ "
+                     "(INDUCTOR_TRITON__CUDAGRAPHS).")
+            continue
+        kind = key_type(module, key)
+        try:
+            value = parse(raw, kind)
+        except ValueError as exc:
+            if warn:
+                warn(("value", var), f"{var}={raw!r} is not valid for inductor.{key}; "
+                     f"accepted: {exc}. Keeping the profile's value.")
+            continue
+        found[key] = (value, var)
+    return found
