@@ -1,0 +1,177 @@
+"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed).
+
+``doctor`` imports torch and its compiler config in its own process, so the report it
+prints is the one a script would get in this environment. ``--json`` for machines.
+Exit status: 0 healthy, 1 a red flag that rocm-autopatch did not neutralise, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import site
+import sys
+import sysconfig
+import textwrap
+from typing import Any, Dict, List, Optional, Sequence
+
+# Environment variables known to hang or break compilation on ROCm (seed 003), with the
+# config key that neutralises each and the fix to give when nothing does.
+RED_FLAGS: Dict[str, Dict[str, str]] = {
+    "TORCHINDUCTOR_MAX_AUTOTUNE": {"key": "inductor.max_autotune", "bad": "1",
+                                   "why": "GEMM autotuning on every compile: hangs"},
+    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": {"key": "inductor.max_autotune_pointwise",
+                                             "bad": "1", "why": "pointwise autotuning: hangs"},
+    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": {"key": "inductor.max_autotune_gemm", "bad": "1",
+                                        "why": "GEMM autotuning: hangs"},
+    "TORCHINDUCTOR_CUDAGRAPHS": {"key": "inductor.triton.cudagraphs", "bad": "1",
+                                 "why": "Inductor CUDA graphs: unstable on HIP"},
+    "TORCHINDUCTOR_MEMORY_PLANNING": {"key": "inductor.memory_planning", "bad": "1",
+                                      "why": "deep recursion on large graphs"},
+}
+AUDIT_PATTERN = ("TORCH", "INDUCTOR", "AUTOTUNE", "COMPILE", "TRITON", "OMP", "MKL",
+                 "ROCM_AUTOPATCH")
+
+
+def _site_dirs() -> List[str]:
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    user = getattr(site, "getusersitepackages", lambda: None)()
+    for d in (sysconfig.get_paths().get("purelib"), user):
+        if d and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+def install_info() -> Dict[str, Any]:
+    from rocm_autopatch import bootstrap
+
+    found = []
+    for d in _site_dirs():
+        for name in ("rocm_autopatch.pth", "rocm_autopatch.start"):
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                found.append(path)
+    runs_pth = any(p.endswith(".pth") for p in found) and sys.flags.no_site == 0
+    return {
+        "files": found,
+        "site_processed": not sys.flags.no_site,
+        "will_run": runs_pth,
+        "bootstrap_ran": bootstrap.started,
+        "mode": bootstrap.mode if bootstrap.started else os.environ.get(
+            bootstrap.ENV_MODE, "auto"),
+    }
+
+
+def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+    config = {c["key"]: c for c in report.get("config", [])}
+    rows = []
+    for var in sorted(os.environ):
+        if not any(p in var.upper() for p in AUDIT_PATTERN):
+            continue
+        value = os.environ[var]
+        row: Dict[str, Any] = {"name": var, "value": value, "flag": "ok", "note": ""}
+        flag = RED_FLAGS.get(var)
+        if flag and value.strip() == flag["bad"] and not (
+                report.get("platform") not in ("rocm", "unknown") and not report.get("forced")):
+            entry = config.get(flag["key"])
+            done = (report.get("active") and entry is not None
+                    and entry["status"] in ("applied", "unchanged")
+                    and entry["source"] != "override")
+            row["flag"] = "neutralised" if done else "red"
+            row["note"] = flag["why"] + ("; overridden by rocm-autopatch" if done else
+                                         f"; fix: unset {var} or let rocm-autopatch run")
+        rows.append(row)
+    return rows
+
+
+def collect(profile: Optional[str]) -> Dict[str, Any]:
+    if profile:
+        os.environ["ROCM_AUTOPATCH_PROFILE"] = profile  # this process only
+    from rocm_autopatch import bootstrap, probe, profiles, record
+
+    bootstrap.start()  # no-op where the .pth already ran it
+    data: Dict[str, Any] = {"install": install_info(), "python": sys.version.split()[0]}
+    try:
+        import torch
+        import torch._dynamo.config  # noqa: F401 - imported to apply and report the config
+        import torch._inductor.config  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - no torch here is a finding, not a crash
+        data["torch_error"] = repr(exc)
+    report = record.REPORT.to_dict()
+    data["report"] = report
+    data["gpus"] = probe.gpu_archs()
+    data["environment"] = environment_audit(report)
+    data["left_out"] = profiles.LEFT_OUT
+    data["healthy"] = not any(r["flag"] == "red" for r in data["environment"])
+    return data
+
+
+def _human(data: Dict[str, Any]) -> str:
+    r = data["report"]
+    inst = data["install"]
+    out = ["rocm-autopatch doctor", "", "Install"]
+    out += [f"  {p}" for p in inst["files"]] or ["  no rocm_autopatch.pth found"]
+    out.append(f"  runs at start-up: {'yes' if inst['will_run'] else 'no'}; bootstrap ran: "
+               f"{'yes' if inst['bootstrap_ran'] else 'no'}; ROCM_AUTOPATCH mode: {inst['mode']}")
+    out += ["", "Platform",
+            f"  python {data['python']}; torch {r.get('torch_version') or 'not importable'}"
+            f" ({r.get('platform')}{', HIP ' + r['hip_version'] if r.get('hip_version') else ''})"]
+    gpus = data["gpus"]
+    out.append("  GPUs (KFD): " + (", ".join(f"{g['arch']} ({g['gpu']})" for g in gpus)
+                                   if gpus else "unknown (no KFD topology)"))
+    out.append(f"  active: {'yes' if r['active'] else 'no'}; profile: {r['profile']}")
+    out.append(f"  {r['reason']}")
+    out += ["", "Environment"]
+    for row in data["environment"]:
+        mark = {"ok": "  ", "neutralised": "~ ", "red": "! "}[row["flag"]]
+        out.append(f"  {mark}{row['name']}={row['value'][:40]}")
+        if row["note"]:
+            out.append(f"      {row['note']}")
+    if not data["environment"]:
+        out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL variables set)")
+    out += ["", "Configuration (key: before -> after, source, status)"]
+    for c in r["config"]:
+        line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
+        out.append(line)
+        if c["status"] in ("skipped", "failed") and c.get("reason"):
+            out.append(f"      {c['reason']}")
+    out += ["", "torch.compile rewrites and fixes"]
+    for name, fix in r["fixes"].items():
+        out.append(f"  {name}: {fix['status']}: {fix['reason']}")
+    for rw in r["compile_rewrites"]:
+        out.append(f"  {rw['before']} -> {rw['after']} x{rw['count']} at {rw['call_site']}")
+    for err in r["errors"]:
+        out.append(f"  ERROR {err}")
+    out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see Environment)"]
+    return "\n".join(_fit(line) for line in out) + "\n"
+
+
+def _fit(line: str, width: int = 80) -> str:
+    if len(line) <= width:
+        return line
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="rocm-autopatch")
+    sub = parser.add_subparsers(dest="command")
+    doctor = sub.add_parser("doctor", help="show what is installed, detected and changed")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--profile", choices=("safe", "perf"),
+                        help="show what this profile would do (this process only)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    if args.command != "doctor":
+        parser.print_usage(sys.stderr)
+        return 2
+    data = collect(args.profile)
+    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _human(data))
+    return 0 if data["healthy"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

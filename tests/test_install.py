@@ -1,0 +1,272 @@
+"""The installed wheel: the .pth in site-packages, start-up behaviour, every process kind."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from conftest import ROOT, Venv, clean_env, make_venv
+
+BOOTSTRAP_ONLY = ["rocm_autopatch", "rocm_autopatch.bootstrap", "rocm_autopatch.importhook"]
+
+OURS = "sorted(m for m in sys.modules if m.startswith('rocm_autopatch'))"
+
+APPLIED = """
+import json, sys, threading
+import torch, torch._inductor.config as ic, torch._dynamo.config as dc
+def values():
+    return {"max_autotune": ic.max_autotune, "backends": ic.max_autotune_gemm_backends,
+            "cudagraphs": ic.triton.cudagraphs, "trees": ic.triton.cudagraph_trees,
+            "recompile_limit": dc.recompile_limit}
+seen = {}
+t = threading.Thread(target=lambda: seen.update(values())); t.start(); t.join()
+print(json.dumps({"main": values(), "thread": seen, "guard": type(torch.compile).__name__,
+                  "ours": %s}))
+""" % OURS
+
+SAFE_CORE = {"max_autotune": False, "backends": "ATEN", "cudagraphs": False, "trees": False,
+             "recompile_limit": 128}
+
+SNAPSHOT = """
+import json, sys, types
+import torch, torch._inductor.config as ic, torch._dynamo.config as dc
+def norm(v):  # sets print in hash-seed order
+    return sorted(map(repr, v)) if isinstance(v, (set, frozenset)) else repr(v)
+snap = {k: norm(v) for k, v in sorted(ic.get_config_copy().items())}
+snap.update({"dynamo." + k: norm(v) for k, v in sorted(dc.get_config_copy().items())})
+c = torch.compile
+print(json.dumps({"config": snap, "compile": [type(c).__name__, c.__module__,
+                  c.__code__.co_filename], "finders": [type(f).__name__ for f in sys.meta_path],
+                  "ours": %s}))
+""" % OURS
+
+
+def test_wheel_puts_both_startup_files_at_the_root(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "rocm_autopatch.pth" in names and "rocm_autopatch.start" in names
+    pth = zipfile.ZipFile(wheel).read("rocm_autopatch.pth").decode().splitlines()
+    # site runs only lines that start with "import"; a second line would be a path.
+    assert len(pth) == 1 and pth[0].startswith("import ")
+    start = zipfile.ZipFile(wheel).read("rocm_autopatch.start").decode().split()
+    assert start == ["rocm_autopatch.bootstrap:start"]
+
+
+def test_files_land_in_site_packages(torch_venv: Venv) -> None:
+    assert (torch_venv.site / "rocm_autopatch.pth").is_file()
+    assert (torch_venv.site / "rocm_autopatch.start").is_file()
+
+
+def test_force_applies_safe_core_in_every_thread(torch_venv: Venv) -> None:
+    out = torch_venv.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
+    assert out["main"] == SAFE_CORE
+    assert out["thread"] == SAFE_CORE
+    assert out["guard"] == "GuardedCompile"
+
+
+@pytest.mark.parametrize("value", ["0", "OFF", "false", "No"])
+def test_off_means_nothing_of_ours_is_imported(torch_venv: Venv, value: str) -> None:
+    out = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value})
+    assert out["ours"] == []
+    assert "PostImportFinder" not in out["finders"]
+    assert out["compile"][0] == "function"
+
+
+def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
+    with_package = torch_venv.json(SNAPSHOT)
+    without = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": "0"})
+    assert with_package["config"] == without["config"]
+    assert with_package["compile"] == without["compile"]
+    assert with_package["compile"][0] == "function"
+    # The hook removed itself once torch turned out not to be a ROCm build.
+    assert "PostImportFinder" not in with_package["finders"]
+
+
+def test_program_without_torch_loads_only_the_bootstrap(torch_venv: Venv) -> None:
+    out = torch_venv.json(f"import json, sys; print(json.dumps({{'ours': {OURS}}}))")
+    assert out["ours"] == BOOTSTRAP_ONLY
+
+
+def test_bad_mode_warns_once_on_stderr_and_continues(torch_venv: Venv) -> None:
+    proc = torch_venv.run("print('fine')", env={"ROCM_AUTOPATCH": "banana"})
+    assert proc.returncode == 0
+    assert proc.stdout == "fine\n"
+    assert proc.stderr.count("ROCM_AUTOPATCH='banana'") == 1
+    assert "force" in proc.stderr and "auto" in proc.stderr
+
+
+def test_python_S_runs_untouched(torch_venv: Venv) -> None:
+    out = torch_venv.json(f"import json, sys; print(json.dumps({{'ours': {OURS}}}))",
+                          flags=["-S"], env={"ROCM_AUTOPATCH": "force"})
+    assert out["ours"] == []
+
+
+def test_python_I_still_gets_the_hook(torch_venv: Venv) -> None:
+    out = torch_venv.json(APPLIED, flags=["-I"], env={"ROCM_AUTOPATCH": "force"})
+    assert out["main"] == SAFE_CORE and out["guard"] == "GuardedCompile"
+
+
+def test_torch_imported_by_an_earlier_pth(torch_venv: Venv) -> None:
+    early = torch_venv.site / "aaa_rocm_autopatch_test_imports_torch.pth"
+    early.write_text("import torch\n")
+    try:
+        out = torch_venv.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
+    finally:
+        early.unlink()
+    assert out["main"] == SAFE_CORE and out["guard"] == "GuardedCompile"
+
+
+def test_two_threads_importing_torch_at_once(torch_venv: Venv) -> None:
+    code = """
+import json, threading, importlib
+barrier = threading.Barrier(2)
+def worker():
+    barrier.wait()
+    importlib.import_module("torch._inductor.config")
+    importlib.import_module("torch._dynamo.config")
+threads = [threading.Thread(target=worker) for _ in range(2)]
+[t.start() for t in threads]; [t.join() for t in threads]
+import torch, rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"errors": r.errors, "keys": len(r.config), "guard": type(torch.compile).__name__,
+                  "inner": type(torch.compile.__wrapped__).__name__,
+                  "max_autotune": torch._inductor.config.max_autotune}))
+"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert out == {"errors": [], "keys": 12, "guard": "GuardedCompile", "inner": "function",
+                   "max_autotune": False}
+
+
+def test_idempotent_bootstrap_hooks_and_reload(torch_venv: Venv) -> None:
+    # torch's config modules refuse importlib.reload (with or without us), so the
+    # reload case is convert_frame: re-executed, it gets its fix again, exactly once.
+    code = """
+import importlib, json, sys
+import rocm_autopatch.bootstrap as b
+b.start(); b.start()
+import torch, torch._inductor.config as ic, torch._dynamo.convert_frame as cf
+finders = [type(f).__name__ for f in sys.meta_path].count("PostImportFinder")
+import rocm_autopatch.hooks as hooks
+hooks.on_torch(torch); hooks.on_inductor_config(ic)   # hooks firing twice change nothing
+cf = importlib.reload(cf)
+print(json.dumps({"finders": finders, "max_autotune": ic.max_autotune,
+                  "inner": type(torch.compile.__wrapped__).__name__,
+                  "fix_marked": getattr(cf._compile, "_rocm_autopatch", False),
+                  "fix_inner_marked": getattr(cf._compile.__wrapped__, "_rocm_autopatch", False),
+                  "keys": len(__import__("rocm_autopatch").report().config),
+                  "errors": __import__("rocm_autopatch").report().errors}))
+"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert out == {"finders": 1, "max_autotune": False, "inner": "function", "fix_marked": True,
+                   "fix_inner_marked": False, "keys": 12, "errors": []}
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_multiprocessing_children_are_patched(torch_venv: Venv, method: str) -> None:
+    code = f"""
+import json, multiprocessing as mp
+def child(q):
+    import torch, torch._inductor.config as ic, torch._dynamo.config as dc
+    q.put([ic.max_autotune, ic.max_autotune_gemm_backends, dc.recompile_limit,
+           type(torch.compile).__name__])
+if __name__ == "__main__":
+    ctx = mp.get_context("{method}")
+    q = ctx.Queue(); p = ctx.Process(target=child, args=(q,)); p.start()
+    got = q.get(timeout=300); p.join()
+    print(json.dumps({{"child": got, "exit": p.exitcode}}))
+"""
+    script = Path(torch_venv.path) / f"mp_{method}.py"
+    script.write_text(code)
+    proc = subprocess.run([torch_venv.python, str(script)], capture_output=True, text=True,
+                          env=clean_env(ROCM_AUTOPATCH="force"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out == {"child": [False, "ATEN", 128, "GuardedCompile"], "exit": 0}
+
+
+def test_pip_still_works_with_the_pth(torch_venv: Venv) -> None:
+    for env in ({}, {"ROCM_AUTOPATCH": "force"}):
+        proc = subprocess.run([torch_venv.python, "-m", "pip", "list"], capture_output=True,
+                              text=True, env=clean_env(**env), timeout=300)
+        assert proc.returncode == 0
+        assert "rocm-autopatch" in proc.stdout and "rocm" not in proc.stderr.lower()
+
+
+def test_real_compile_matches_eager_under_force(torch_venv: Venv) -> None:
+    code = """
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+x = torch.randn(8, 16)
+compiled = torch.compile(model)
+print(json.dumps({"close": torch.allclose(compiled(x), model(x), atol=1e-5),
+                  "guard": type(torch.compile).__name__}))
+"""
+    assert torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"}) == {
+        "close": True, "guard": "GuardedCompile"}
+
+
+def test_uninstall_removes_both_files(wheel: Path, tmp_path_factory) -> None:
+    path = tmp_path_factory.mktemp("uninstall") / "venv"
+    make_venv(path, [])
+    python = str(path / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                   check=True, env=clean_env())
+    small = Venv(path)
+    assert (small.site / "rocm_autopatch.pth").exists()
+    subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", "rocm-autopatch"],
+                   check=True, env=clean_env())
+    assert not (small.site / "rocm_autopatch.pth").exists()
+    assert not (small.site / "rocm_autopatch.start").exists()
+    assert not (small.site / "rocm_autopatch").exists()
+
+
+def find_python(version: str) -> Optional[str]:
+    pyenv = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser() / "versions"
+    for exe in sorted(pyenv.glob(f"{version}.*/bin/python{version}")):
+        return str(exe)
+    return shutil.which(f"python{version}")
+
+
+STANDIN = ROOT / "tests" / "standin_rocm_torch"
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.12", "3.13"])
+def test_bootstrap_on_other_pythons_with_a_standin_rocm_torch(
+        wheel: Path, tmp_path_factory, version: str) -> None:
+    """No torch wheel for these Pythons here: a clearly named stand-in plays a ROCm build."""
+    exe = find_python(version)
+    if exe is None:
+        pytest.skip(f"python{version} not available")
+    path = tmp_path_factory.mktemp(f"py{version}") / "venv"
+    subprocess.run([exe, "-m", "venv", "--without-pip", str(path)], check=True)
+    target = Venv(path)
+    with zipfile.ZipFile(wheel) as zf:  # a pure-Python wheel install is an unzip
+        zf.extractall(target.site)
+    import wrapt  # the stand-in run needs wrapt; its pure-Python fallback serves any version
+
+    wrapt_dir = Path(wrapt.__file__).parent.parent
+    code = """
+import json, sys
+import torch
+compiled = torch.compile(lambda x: x, mode="reduce-overhead")
+import rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"received": torch.RECEIVED, "platform": r.platform, "active": r.active,
+                  "py": sys.version_info[:2]}))
+"""
+    proc = subprocess.run([target.python, "-c", code], capture_output=True, text=True,
+                          env=clean_env(PYTHONPATH=f"{STANDIN}:{wrapt_dir}",
+                                        WRAPT_DISABLE_EXTENSIONS="true"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["received"] == [{"mode": "default"}]
+    assert out["platform"] == "rocm" and out["active"] is True
+    assert out["py"] == [int(p) for p in version.split(".")]
+    assert sys.version_info >= (3, 9)
