@@ -1,0 +1,199 @@
+"""The configuration engine on the real torch 2.13 config, through the installed .pth."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Venv
+
+from rocm_autopatch import profiles
+
+READ_ALL = """
+import json, threading
+import torch, torch._inductor.config as ic, torch._dynamo.config as dc, rocm_autopatch
+mods = {"inductor": ic, "dynamo": dc}
+def read(key):
+    ns, rest = key.split(".", 1)
+    obj = mods[ns]
+    for part in rest.split("."):
+        obj = getattr(obj, part)
+    return obj
+keys = [c.key for c in rocm_autopatch.report().config]
+main = {k: read(k) for k in keys}
+other = {}
+t = threading.Thread(target=lambda: other.update({k: read(k) for k in keys})); t.start(); t.join()
+r = rocm_autopatch.report().to_dict()
+print(json.dumps({"main": main, "thread": other, "report": r}))
+"""
+
+
+def _expected(profile: str) -> dict:
+    return {s.key: s.value for s in profiles.PROFILES[profile]}
+
+
+@pytest.mark.parametrize("profile", ["safe", "perf"])
+def test_every_profile_key_reads_back_in_main_and_new_thread(torch_venv: Venv,
+                                                             profile: str) -> None:
+    out = torch_venv.json(READ_ALL, env={"ROCM_AUTOPATCH": "force",
+                                         "ROCM_AUTOPATCH_PROFILE": profile})
+    expected = _expected(profile)
+    assert set(out["main"]) == set(expected)
+    for key, value in expected.items():
+        assert out["main"][key] == value, key
+        assert out["thread"][key] == value, key
+    report = out["report"]
+    assert report["profile"] == profile and report["active"] and report["forced"]
+    assert report["platform"] == "cpu" and report["torch_version"].startswith("2.13")
+    for entry in report["config"]:  # the record says what torch says
+        assert entry["after"] == out["main"][entry["key"]]
+        assert entry["status"] in ("applied", "unchanged")
+        assert entry["source"] == "profile"
+    statuses = {e["key"]: e["status"] for e in report["config"]}
+    assert statuses["inductor.triton.cudagraph_trees"] == "applied"  # torch default True
+    assert statuses["inductor.memory_planning"] == "unchanged"  # already off (FINDINGS)
+
+
+def test_compile_in_a_worker_thread_sees_the_profile(torch_venv: Venv) -> None:
+    code = """
+import json, threading, torch
+from torch._inductor.compile_fx import compile_fx
+seen = {}
+def spy(gm, example_inputs):   # a backend that reads the config Inductor will compile with
+    import torch._inductor.config as ic
+    seen.update(max_autotune=ic.max_autotune, backends=ic.max_autotune_gemm_backends,
+                cudagraphs=ic.triton.cudagraphs, fusion=ic.max_fusion_size)
+    return compile_fx(gm, example_inputs)
+result = {}
+def work():
+    f = torch.compile(lambda x: torch.relu(x) * 2, backend=spy)
+    x = torch.randn(16)
+    result["close"] = torch.allclose(f(x), torch.relu(x) * 2)
+t = threading.Thread(target=work); t.start(); t.join()
+print(json.dumps({"seen": seen, **result}))
+"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_PROFILE": "perf",
+                                     "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    assert out == {"seen": {"max_autotune": False, "backends": "ATEN", "cudagraphs": False,
+                            "fusion": 128}, "close": True}
+
+
+PRECEDENCE = """
+import json, torch, torch._inductor.config as ic, rocm_autopatch
+r = rocm_autopatch.report()
+e = r.config_entry("inductor.max_autotune")
+before_user = ic.max_autotune
+ic.max_autotune = USER if USER is not None else ic.max_autotune   # the user's own code
+print(json.dumps({"value": before_user, "after_user": ic.max_autotune,
+                  "source": e.source if e else None, "warnings": r.warnings}))
+"""
+
+
+@pytest.mark.parametrize("env, user, value, after_user, source", [
+    ({}, None, False, False, "profile"),                                   # profile
+    ({"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}, None, False, False, "profile"),  # profile > env
+    ({"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "INDUCTOR_MAX_AUTOTUNE": "1"}, None, True, True,
+     "override"),                                                          # override > profile
+    ({"INDUCTOR_MAX_AUTOTUNE": "1"}, False, True, False, "override"),      # user > override
+    ({}, True, False, True, "profile"),                                    # user > profile
+])
+def test_precedence(torch_venv: Venv, env, user, value, after_user, source) -> None:
+    out = torch_venv.json(PRECEDENCE.replace("USER", repr(user)),
+                          env={"ROCM_AUTOPATCH": "force", **env})
+    assert (out["value"], out["after_user"], out["source"]) == (value, after_user, source)
+    hostile = [w for w in out["warnings"] if "TORCHINDUCTOR_MAX_AUTOTUNE=1" in w]
+    if env.get("TORCHINDUCTOR_MAX_AUTOTUNE") and source == "profile":
+        assert len(hostile) == 1 and "INDUCTOR_MAX_AUTOTUNE=1" in hostile[0]
+    else:
+        assert hostile == []
+
+
+def test_hostile_environment_one_warning_per_variable(torch_venv: Venv) -> None:
+    hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "1",
+               "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "1", "TORCHINDUCTOR_CUDAGRAPHS": "1",
+               "TORCHINDUCTOR_MEMORY_PLANNING": "1"}
+    code = READ_ALL.replace("print(json.dumps({", "import torch._inductor.config\n"
+                            "print(json.dumps({")
+    proc = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force", **hostile})
+    assert proc.returncode == 0, proc.stderr
+    for var in hostile:
+        assert proc.stderr.count(f"{var}=1 is set") == 1, var
+    import json
+
+    main = json.loads(proc.stdout.splitlines()[-1])["main"]
+    assert main["inductor.max_autotune"] is False
+    assert main["inductor.max_autotune_pointwise"] is False
+    assert main["inductor.max_autotune_gemm"] is False
+    assert main["inductor.triton.cudagraphs"] is False
+    assert main["inductor.memory_planning"] is False
+
+
+OVERRIDES = """
+import json, torch, torch._inductor.config as ic, rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"fusion": ic.max_fusion_size, "coord": ic.coordinate_descent_tuning,
+                  "graphs": ic.triton.cudagraphs, "multi": ic.triton.multi_kernel,
+                  "freezing": ic.freezing, "group": ic.group_fusion,
+                  "config": {c.key: [c.status, c.source, c.reason] for c in r.config},
+                  "warnings": r.warnings}))
+"""
+
+
+def test_seed_names_and_generic_overrides(torch_venv: Venv) -> None:
+    out = torch_venv.json(OVERRIDES, env={
+        "ROCM_AUTOPATCH": "force", "INDUCTOR_MAX_FUSION_SIZE": "96",
+        "INDUCTOR_COORD_DESCENT": "yes", "INDUCTOR_TRITON__CUDAGRAPHS": "on",
+        "INDUCTOR_TRITON_MULTI_KERNEL": "2", "INDUCTOR_FREEZING": "1",
+        "INDUCTOR_GROUP_FUSION": "1"})
+    assert out["fusion"] == 96 and out["coord"] is True and out["graphs"] is True
+    assert out["multi"] == 2 and out["freezing"] is True
+    assert out["config"]["inductor.max_fusion_size"][:2] == ["applied", "override"]
+    # group_fusion is a deprecated no-op in 2.13: reported as such, not "applied".
+    assert out["group"] is False
+    assert out["config"]["inductor.group_fusion"][0] == "skipped"
+    assert "no-op" in out["config"]["inductor.group_fusion"][2]
+    assert out["warnings"] == []
+
+
+@pytest.mark.parametrize("var, raw, expect_in_warning", [
+    ("INDUCTOR_MAX_FUSION_SIZE", "lots", "an integer"),
+    ("INDUCTOR_MAX_AUTOTUNE", "maybe", "a boolean"),
+    ("INDUCTOR_TRITON__MULTI_KERNEL", "5", "one of 0, 1, 2, 3"),
+    ("INDUCTOR_MAX_AUTOTUN", "1", "INDUCTOR_MAX_AUTOTUNE"),   # unknown key: closest names
+    ("ROCM_AUTOPATCH_PROFILE", "fast", "safe, perf"),
+    ("ROCM_AUTOPATCH_LOG", "loud", "debug, info, warning, error, off"),
+])
+def test_bad_input_warns_once_and_keeps_going(torch_venv: Venv, var, raw,
+                                              expect_in_warning) -> None:
+    proc = torch_venv.run(OVERRIDES, env={"ROCM_AUTOPATCH": "force", var: raw})
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    out = json.loads(proc.stdout.splitlines()[-1])
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("rocm-autopatch")]
+    assert len(ours) == 1, ours
+    assert var in ours[0] and expect_in_warning in ours[0]
+    assert out["fusion"] == 64 and out["graphs"] is False and out["multi"] == 0
+    assert out["config"]["inductor.max_autotune"][0] in ("applied", "unchanged")
+
+
+def test_limit_is_raised_never_lowered(torch_venv: Venv) -> None:
+    code = """
+import json, torch._dynamo.config as dc, rocm_autopatch
+dc.recompile_limit = 1024              # what SGLang does after import
+e = rocm_autopatch.report().config_entry("dynamo.recompile_limit")
+print(json.dumps({"now": dc.recompile_limit, "alias": dc.cache_size_limit, "wanted": e.wanted}))
+"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert out == {"now": 1024, "alias": 1024, "wanted": 128}
+
+
+def test_info_log_prints_one_summary_per_config_module(torch_venv: Venv) -> None:
+    proc = torch_venv.run("import torch._inductor.config, torch._dynamo.config",
+                          env={"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_LOG": "info"})
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("rocm-autopatch: INFO")]
+    assert len(lines) == 2 and "inductor config, safe profile" in "".join(lines)
+    quiet = torch_venv.run("import torch._inductor.config", env={"ROCM_AUTOPATCH": "force"})
+    assert "rocm-autopatch" not in quiet.stderr
+    ranked = torch_venv.run("import torch._inductor.config",
+                            env={"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_LOG": "info",
+                                 "RANK": "3"})
+    assert "rocm-autopatch" not in ranked.stderr

@@ -1,0 +1,185 @@
+"""The compile guard: every call form, on the real torch.compile, under ROCM_AUTOPATCH=force.
+
+What torch *received* is read from ``torch._TorchCompileInductorWrapper``, the object the
+real torch.compile builds from ``mode``/``options`` (spied on, not replaced).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Venv
+
+from rocm_autopatch import compile_guard
+
+SPY = """
+import functools, json, torch
+RECEIVED = []
+_init = torch._TorchCompileInductorWrapper.__init__
+def _spy(self, mode, options, *args, **kwargs):
+    RECEIVED.append({"mode": mode, "options": options})
+    return _init(self, mode, options, *args, **kwargs)
+torch._TorchCompileInductorWrapper.__init__ = _spy
+def eager(x):
+    return torch.nn.functional.gelu(x) * 3 + 1
+x = torch.randn(4, 8)
+def check(fn):
+    return bool(torch.allclose(fn(x), eager(x), atol=1e-6))
+"""
+
+FORMS = {
+    "call": "out = check(torch.compile(eager, mode='reduce-overhead'))",
+    "decorator_bare": "out = check(torch.compile(eager))",
+    "decorator_mode": "out = check(torch.compile(mode='reduce-overhead')(eager))",
+    "module_compile": """
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+ref = m(x); m.compile(mode='max-autotune'); out = bool(torch.allclose(m(x), ref, atol=1e-5))""",
+    "compiler_compile": "out = check(torch.compiler.compile(eager, mode='reduce-overhead'))",
+    "partial": "out = check(functools.partial(torch.compile, mode='reduce-overhead')(eager))",
+    "from_import": "from torch import compile as c\nout = check(c(eager, mode='reduce-overhead'))",
+    "options": "out = check(torch.compile(eager, options={'triton.cudagraphs': True, "
+               "'epilogue_fusion': True}))",
+    "lite_or_default": "out = check(torch.compile(eager, mode='default'))",
+}
+EXPECTED = {
+    "call": [{"mode": "default", "options": None}],
+    "decorator_bare": [{"mode": "default", "options": None}],  # torch turns None into default
+    "decorator_mode": [{"mode": "default", "options": None}],
+    "module_compile": [{"mode": "max-autotune-no-cudagraphs", "options": None}],
+    "compiler_compile": [{"mode": "default", "options": None}],
+    "partial": [{"mode": "default", "options": None}],
+    "from_import": [{"mode": "default", "options": None}],
+    "options": [{"mode": None, "options": {"epilogue_fusion": True}}],
+    "lite_or_default": [{"mode": "default", "options": None}],
+}
+UNCHANGED = {  # without the guard (ROCM_AUTOPATCH=0) torch gets what was written
+    "call": [{"mode": "reduce-overhead", "options": None}],
+    "module_compile": [{"mode": "max-autotune", "options": None}],
+    "options": [{"mode": None, "options": {"triton.cudagraphs": True, "epilogue_fusion": True}}],
+}
+REPORT = """
+import rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"out": out, "received": RECEIVED,
+                  "rewrites": [[w.before, w.after, w.call_site, w.count]
+                               for w in r.compile_rewrites]}))
+"""
+
+
+def _run(venv: Venv, form: str, **env: str) -> tuple:
+    proc = venv.run(SPY + FORMS[form] + "\n" + (REPORT if env.get("ROCM_AUTOPATCH") != "0"
+                    else "print(json.dumps({'out': out, 'received': RECEIVED}))"),
+                    env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_call_form_reaches_torch_rewritten(torch_venv: Venv, form: str) -> None:
+    out, stderr = _run(torch_venv, form, ROCM_AUTOPATCH="force")
+    assert out["out"] is True  # compiled result equals eager
+    assert out["received"] == EXPECTED[form]
+    rewrote = form not in ("decorator_bare", "lite_or_default")
+    warnings = [ln for ln in stderr.splitlines() if "runs as torch.compile(" in ln]
+    if rewrote:
+        assert len(out["rewrites"]) == 1 and out["rewrites"][0][3] == 1  # once, not twice
+        assert out["rewrites"][0][2].startswith("<string>:")  # the caller, not torch
+        assert len(warnings) == 1 and "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS=1" in warnings[0]
+    else:
+        assert out["rewrites"] == [] and warnings == []
+
+
+@pytest.mark.parametrize("form", sorted(UNCHANGED))
+def test_without_the_package_torch_gets_what_was_written(torch_venv: Venv, form: str) -> None:
+    out, _ = _run(torch_venv, form, ROCM_AUTOPATCH="0")
+    assert out["received"] == UNCHANGED[form]
+
+
+def test_escape_hatch_keeps_cuda_graph_modes(torch_venv: Venv) -> None:
+    out, stderr = _run(torch_venv, "call", ROCM_AUTOPATCH="force",
+                       ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1")
+    assert out["received"] == [{"mode": "reduce-overhead", "options": None}]
+    assert out["rewrites"] == []
+
+
+def test_repeated_calls_are_counted_and_logged_once(torch_venv: Venv) -> None:
+    code = SPY + """
+for _ in range(3):
+    f = torch.compile(eager, mode='reduce-overhead')
+out = check(f)
+""" + REPORT
+    proc = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force"})
+    import json
+
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert [w[3] for w in out["rewrites"]] == [3]
+    assert proc.stderr.count("runs as torch.compile(") == 1
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"backend": "eager", "mode": "reduce-overhead"},
+    {"backend": "aot_eager", "options": {"triton.cudagraphs": True}},
+    {"backend": "cudagraphs"},
+    {"mode": "lite"}, {"mode": "no-such-mode"}, {"mode": "max-autotune-no-cudagraphs"},
+    {"options": {"triton.cudagraphs": False}},
+])
+def test_rewrite_leaves_other_backends_and_modes_alone(kwargs: dict) -> None:
+    assert compile_guard.rewrite(kwargs) is None
+
+
+def test_guard_is_pickled_and_inspected_like_the_original(torch_venv: Venv) -> None:
+    code = """
+import inspect, json, pickle, torch
+same = pickle.loads(pickle.dumps(torch.compile)) is torch.compile
+sig = str(inspect.signature(torch.compile))
+print(json.dumps({"same": same, "sig": sig, "doc": torch.compile.__doc__[:60],
+                  "name": torch.compile.__name__}))
+"""
+    guarded = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    plain = torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
+    assert guarded == plain and guarded["same"] is True
+
+
+def test_compile_inside_a_compiled_region_adds_no_graph_break(torch_venv: Venv) -> None:
+    code = """
+import json, torch
+def inner(x):
+    return torch.cos(x) + 1
+def outer(x):
+    y = torch.sin(x)
+    return torch.compile(inner)(y) * 2
+e = torch._dynamo.explain(outer)(torch.randn(8))
+print(json.dumps({"breaks": e.graph_break_count, "graphs": e.graph_count,
+                  "reasons": sorted({str(b.reason)[:80] for b in e.break_reasons})}))
+"""
+    assert torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"}) == \
+        torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
+
+
+def test_hugging_face_generate_with_reduce_overhead_compile(torch_venv: Venv) -> None:
+    """transformers calls torch.compile(mode='reduce-overhead') inside generate()."""
+    code = """
+import json, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation import CompileConfig
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(cfg).eval()
+ids = torch.randint(0, 128, (1, 6))
+kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+eager = model.generate(ids, disable_compile=True, **kw)
+cc = CompileConfig(); cc._compile_all_devices = True
+compiled = model.generate(ids, compile_config=cc, **kw)
+import rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"same": eager.tolist() == compiled.tolist(), "compiled": hasattr(model,
+                  "_compiled_call"), "rewrites": [[w.before, w.after, w.call_site]
+                                                  for w in r.compile_rewrites]}))
+"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert out["same"] is True and out["compiled"] is True
+    (rewrite,) = out["rewrites"]
+    assert rewrite[0]["mode"] == "reduce-overhead" and rewrite[1]["mode"] == "default"
+    assert "transformers" in rewrite[2]

@@ -1,0 +1,82 @@
+"""INDUCTOR_* parsing against the real torch 2.13 inductor config (in-process, no writes)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rocm_autopatch import overrides, probe
+
+torch_config = pytest.importorskip("torch._inductor.config")
+
+
+@given(st.text(max_size=12))
+def test_parse_never_raises_anything_but_valueerror(raw: str) -> None:
+    for kind in (bool, int, float, str, Literal[0, 1, 2, 3], Optional[bool], Optional[str]):
+        try:
+            value = overrides.parse(raw, kind)
+        except ValueError as exc:
+            assert str(exc)  # says what is accepted
+        else:
+            if kind is bool:
+                assert isinstance(value, bool)
+            if kind is int:
+                assert isinstance(value, int) and value == int(raw.strip(), 10)
+
+
+@given(st.integers(min_value=-10**9, max_value=10**9))
+def test_int_round_trip(value: int) -> None:
+    assert overrides.parse(str(value), int) == value
+
+
+@pytest.mark.parametrize("raw, value", [("1", True), ("ON", True), ("yes", True),
+                                        ("0", False), ("off", False), ("No", False)])
+def test_bool_words(raw: str, value: bool) -> None:
+    assert overrides.parse(raw, bool) is value
+
+
+def test_never_evaluates() -> None:
+    with pytest.raises(ValueError):
+        overrides.parse("__import__('os').system('true')", int)
+
+
+def test_every_inductor_key_has_an_env_name_nested_ones_with_double_underscore() -> None:
+    keys = overrides.config_keys(torch_config)
+    names = overrides.env_names(keys)
+    assert set(names.values()) == set(keys)
+    assert names["INDUCTOR_TRITON__CUDAGRAPHS"] == "triton.cudagraphs"
+    assert names["INDUCTOR_COORD_DESCENT"] == "coordinate_descent_tuning"
+
+
+def test_read_uses_the_running_torch_types_and_warns_once_per_bad_variable() -> None:
+    warned = []
+    found = overrides.read(torch_config, {
+        "INDUCTOR_MAX_FUSION_SIZE": "128", "INDUCTOR_TRITON__MULTI_KERNEL": "1",
+        "INDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": "ATEN,TRITON", "INDUCTOR_FREEZING": "nah",
+        "INDUCTOR_NOT_A_KEY": "1", "UNRELATED": "x"}, warn=lambda k, m: warned.append(m))
+    assert found == {"max_fusion_size": (128, "INDUCTOR_MAX_FUSION_SIZE"),
+                     "triton.multi_kernel": (1, "INDUCTOR_TRITON__MULTI_KERNEL"),
+                     "max_autotune_gemm_backends": ("ATEN,TRITON",
+                                                    "INDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS")}
+    assert len(warned) == 2
+    assert "INDUCTOR_FREEZING='nah'" in warned[0] and "a boolean" in warned[0]
+    assert "INDUCTOR_NOT_A_KEY" in warned[1]
+
+
+@pytest.mark.parametrize("target, name", [(90010, "gfx90a"), (90402, "gfx942"),
+                                          (90500, "gfx950"), (110000, "gfx1100")])
+def test_gfx_names(target: int, name: str) -> None:
+    assert probe.gfx_name(target) == name
+
+
+def test_kfd_topology_read_without_hip(tmp_path) -> None:
+    for node, target in (("0", 0), ("1", 90402)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "properties").write_text(
+            f"cpu_cores_count 0\ngfx_target_version {target}\n")
+    assert probe.gpu_archs(str(tmp_path)) == [
+        {"node": "1", "arch": "gfx942", "gpu": "MI300X/MI300A/MI325X"}]
+    assert probe.gpu_archs(str(tmp_path / "absent")) == []
