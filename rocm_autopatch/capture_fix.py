@@ -88,7 +88,8 @@ def _clear_error(exc: BaseException) -> Optional[CompiledDuringCaptureError]:
         "that capture forbids; on ROCm such steps may even be recorded silently). Warm "
         "the compiled function up by calling it with the same shapes and dtypes before "
         "torch.cuda.graph(...)/CUDAGraph.capture_begin(). Original error: "
-        + text.splitlines()[0][:300]
+        + next(line for line in text.splitlines() if any(m in line for m in CAPTURE_ERRORS))
+        .strip()[:300]
     )
 
 

@@ -1,0 +1,230 @@
+"""The GPU run, as one script: each scenario in its own interpreter with its own env.
+
+    python tests/gpu/gpu_checks.py            # all scenarios, prints a JSON summary last
+    python tests/gpu/gpu_checks.py SCENARIO   # one, in this process (used by the above)
+
+Needs a CUDA (or HIP) device and rocm-autopatch installed in this interpreter's
+site-packages (the real .pth). ROCm behaviour is produced with ROCM_AUTOPATCH=force.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict
+
+RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you "
+             "need this call to be captured, please file an issue. Current cudaStreamCapture"
+             "Status: cudaStreamCaptureStatusActive")
+
+
+def _block():  # a small transformer block (attention + MLP), fp16
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int = 256, heads: int = 4) -> None:
+            super().__init__()
+            self.norm1 = torch.nn.LayerNorm(d)
+            self.qkv = torch.nn.Linear(d, 3 * d)
+            self.proj = torch.nn.Linear(d, d)
+            self.norm2 = torch.nn.LayerNorm(d)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                           torch.nn.Linear(4 * d, d))
+            self.heads = heads
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                       for z in (q, k, v))
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+            return x + self.mlp(self.norm2(x))
+
+    torch.manual_seed(0)
+    return Block().cuda().half().eval()
+
+
+def _count_graph_captures() -> Dict[str, int]:
+    import torch
+
+    counter = {"captures": 0}
+    original = torch.cuda.CUDAGraph.capture_begin
+
+    def capture_begin(self, *args, **kwargs):
+        counter["captures"] += 1
+        return original(self, *args, **kwargs)
+
+    torch.cuda.CUDAGraph.capture_begin = capture_begin
+    return counter
+
+
+def reduce_overhead() -> Dict[str, Any]:
+    """Issue 4: mode='reduce-overhead' creates no Inductor CUDA graph under the package."""
+    import torch
+
+    counter = _count_graph_captures()
+    model = _block()
+    x = torch.randn(4, 64, 256, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        ref = model(x)
+        compiled = torch.compile(model, mode="reduce-overhead")
+        outs = [compiled(x).clone() for _ in range(4)]  # graph outputs are reused
+    torch.cuda.synchronize()
+    return {"captures": counter["captures"],
+            "trees_imported": "torch._inductor.cudagraph_trees" in sys.modules,
+            "max_abs_diff": max(float((o - ref).abs().max()) for o in outs)}
+
+
+def manual_capture() -> Dict[str, Any]:
+    """Issue 5: seed 002's workflow (warm up, capture with a pool, replay in a loop)."""
+    import torch
+
+    model = _block()
+    compiled = torch.compile(model)
+    static_x = torch.randn(2, 32, 256, device="cuda", dtype=torch.half)
+    with torch.no_grad():
+        for _ in range(5):
+            compiled(static_x)
+        torch.cuda.synchronize()
+        pool = torch.cuda.graphs.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            static_out = compiled(static_x)
+        diffs = []
+        for step in range(5):
+            static_x.copy_(torch.randn_like(static_x))
+            graph.replay()
+            torch.cuda.synchronize()
+            diffs.append(float((static_out - model(static_x)).abs().max()))
+    return {"replays": len(diffs), "max_abs_diff": max(diffs)}
+
+
+def _recompile_in_capture() -> Dict[str, Any]:
+    import torch
+
+    f = torch.compile(lambda x: torch.nn.functional.silu(x) * 2 + 1)
+    x32 = torch.randn(64, device="cuda")
+    f(x32)  # warm-up: Inductor's lazy init happens outside capture
+    torch.cuda.synchronize()
+    x16 = torch.randn(64, device="cuda", dtype=torch.half)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = f(x16)  # new dtype: a recompile during capture
+    except Exception as exc:  # noqa: BLE001 - the scenario reports it
+        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    x16.copy_(torch.randn_like(x16))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.silu(x16) * 2 + 1
+    return {"ok": True, "max_abs_diff": float((out - ref).abs().max())}
+
+
+def _raise_rng_during_capture() -> None:
+    """Pre-2.10 behaviour, reproduced: get/set_rng_state raise the real error in capture."""
+    import torch
+
+    real_get, real_set = torch.cuda.get_rng_state, torch.cuda.set_rng_state
+
+    def get_rng_state(device="cuda"):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(RNG_ERROR)
+        return real_get(device)
+
+    def set_rng_state(state, device="cuda"):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(RNG_ERROR)
+        return real_set(state, device)
+
+    torch.cuda.get_rng_state, torch.cuda.set_rng_state = get_rng_state, set_rng_state
+
+
+def recompile_in_capture() -> Dict[str, Any]:
+    """Issue 5: after warm-up, a recompile (new dtype) during capture, on torch 2.11."""
+    return _recompile_in_capture()
+
+
+def old_rng_without_fix() -> Dict[str, Any]:
+    """Pre-2.10 RNG behaviour, no fix installed (ROCM_AUTOPATCH=0): the failure."""
+    _raise_rng_during_capture()
+    return _recompile_in_capture()
+
+
+def old_rng_with_fix() -> Dict[str, Any]:
+    """Pre-2.10 RNG behaviour with the fix as installed on torch < 2.10 (skip_rng=True)."""
+    import torch._dynamo.convert_frame as cf
+
+    from rocm_autopatch import capture_fix
+
+    _raise_rng_during_capture()
+    import torch
+
+    original = getattr(cf._compile, "__wrapped__", cf._compile)
+    cf._compile = capture_fix.make_wrapper(torch, original, skip_rng=True)
+    return _recompile_in_capture()
+
+
+def first_compile_in_capture() -> Dict[str, Any]:
+    """Issue 5: a function compiled for the first time inside capture: a clear error."""
+    import torch
+
+    f = torch.compile(lambda x: torch.nn.functional.gelu(x) + 1)
+    x = torch.randn(64, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            f(x)
+    except Exception as exc:  # noqa: BLE001 - the scenario reports it
+        chain = []
+        while exc is not None:
+            chain.append(type(exc).__name__)
+            exc = exc.__cause__ or exc.__context__
+        return {"raised": chain, "message": str(sys.exc_info()[1])[:400]}
+    return {"raised": [], "message": ""}
+
+
+SCENARIOS: Dict[str, tuple] = {
+    "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
+    "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
+    "manual_capture": (manual_capture, {"ROCM_AUTOPATCH": "force"}),
+    "recompile_in_capture": (recompile_in_capture, {"ROCM_AUTOPATCH": "force"}),
+    "old_rng_without_fix": (old_rng_without_fix, {"ROCM_AUTOPATCH": "0"}),
+    "old_rng_with_fix": (old_rng_with_fix, {"ROCM_AUTOPATCH": "force"}),
+    "first_compile_in_capture_patched": (first_compile_in_capture, {"ROCM_AUTOPATCH": "force"}),
+    "first_compile_in_capture_plain": (first_compile_in_capture, {"ROCM_AUTOPATCH": "0"}),
+}
+
+
+def run_all() -> Dict[str, Any]:
+    results: Dict[str, Any] = {}
+    for name, (_, env) in SCENARIOS.items():
+        start = time.time()
+        proc = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True,
+                              env={**os.environ, **env}, timeout=500)
+        try:
+            results[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            results[name] = {"crashed": proc.returncode, "stderr": proc.stderr[-1500:]}
+        results[name]["seconds"] = round(time.time() - start, 1)
+        print(name, json.dumps(results[name]), flush=True)
+    import torch
+
+    results["_device"] = {"name": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                          "date": time.strftime("%Y-%m-%d")}
+    return results
+
+
+def main() -> None:
+    if len(sys.argv) > 1:
+        func: Callable[[], Dict[str, Any]] = SCENARIOS[sys.argv[1]][0]
+        print(json.dumps(func()))
+        return
+    print(json.dumps(run_all()))
+
+
+if __name__ == "__main__":
+    main()
