@@ -53,7 +53,8 @@ def read(module: ModuleType, key: str) -> Any:
 def set_value(module: ModuleType, key: str, value: Any) -> None:
     """Write ``value`` below user assignments and above torch's own default."""
     entry = _entry(module, key)
-    if entry is None or not hasattr(entry, "env_value_default") or entry.alias is not None:
+    if entry is None or not hasattr(entry, "env_value_default") or \
+            getattr(entry, "alias", None) is not None:
         setattr(module, key, value)
         return
     entry.env_value_default = value
