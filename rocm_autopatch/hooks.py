@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Optional, Set, Tuple
+from typing import Optional, Set, Tuple
 
 from rocm_autopatch import bootstrap, importhook, log, probe, profiles, record
 

@@ -17,8 +17,9 @@ import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
 f = torch.compile(lambda x: torch.cos(x) + x)   # Dynamo's own global-state check runs here
 x = torch.randn(8)
 ok = bool(torch.allclose(f(x), torch.cos(x) + x))
+r = rocm_autopatch.report()
 print(json.dumps({"ok": ok, "marked": getattr(cf._compile, "_rocm_autopatch", False),
-                  "fixes": rocm_autopatch.report().fixes, "errors": rocm_autopatch.report().errors}))
+                  "fixes": r.fixes, "errors": r.errors}))
 """
 
 

@@ -95,7 +95,7 @@ def manual_capture() -> Dict[str, Any]:
         with torch.cuda.graph(graph, pool=pool):
             static_out = compiled(static_x)
         diffs = []
-        for step in range(5):
+        for _ in range(5):
             static_x.copy_(torch.randn_like(static_x))
             graph.replay()
             torch.cuda.synchronize()
