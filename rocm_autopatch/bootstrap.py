@@ -5,11 +5,9 @@ Python process, pip included. Stdlib only, no output on stdout, never raises. No
 about torch is decided here: that happens when the program first imports torch.
 """
 
-from __future__ import annotations
-
+import _thread  # not threading: start-up imports only what site already has
 import os
 import sys
-import threading
 
 ENV_MODE = "ROCM_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no")
@@ -24,7 +22,7 @@ HOOKS = {
     "torch._dynamo.convert_frame": ("rocm_autopatch.hooks:on_convert_frame",),
 }
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 mode: str = "unset"  # "off", "auto" or "force" once start() has run
 started = False
 

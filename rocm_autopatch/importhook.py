@@ -7,19 +7,20 @@ Every other import costs one dict lookup. Callbacks are named as ``"pkg.mod:func
 strings and imported only when they fire, so nothing of ours loads before torch does.
 """
 
-from __future__ import annotations
-
+import _thread
 import sys
-import threading
-from types import ModuleType
-from typing import Any, Callable, Dict, Optional, Sequence
 
-Callback = Callable[[ModuleType], None]
+TYPE_CHECKING = False  # typing/threading cost ~11 ms at start-up; annotations are strings
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any, Callable, Dict, Optional, Sequence
 
-_state = threading.local()
+    Callback = Callable[[ModuleType], None]
+
+_state = _thread._local()
 
 
-def _resolve(target: str) -> Callback:
+def _resolve(target: str) -> "Callback":
     module_name, _, func_name = target.partition(":")
     __import__(module_name)
     return getattr(sys.modules[module_name], func_name)
@@ -40,7 +41,7 @@ def _report_failure(name: str, target: str, exc: BaseException) -> None:
             pass
 
 
-def fire(name: str, module: ModuleType, targets: Sequence[str]) -> None:
+def fire(name: str, module: "ModuleType", targets: "Sequence[str]") -> None:
     """Run each callback for ``module``; a failing one is recorded, the rest still run."""
     for target in targets:
         try:
@@ -52,19 +53,19 @@ def fire(name: str, module: ModuleType, targets: Sequence[str]) -> None:
 class _HookedLoader:
     """Wraps a real loader; restores it on the module, then fires the hooks after exec."""
 
-    def __init__(self, loader: Any, finder: PostImportFinder, name: str) -> None:
+    def __init__(self, loader: "Any", finder: "PostImportFinder", name: str) -> None:
         self._loader = loader
         self._finder = finder
         self._name = name
 
-    def __getattr__(self, attr: str) -> Any:  # get_source, get_resource_reader, ...
+    def __getattr__(self, attr: str) -> "Any":  # get_source, get_resource_reader, ...
         return getattr(self._loader, attr)
 
-    def create_module(self, spec: Any) -> Optional[ModuleType]:
+    def create_module(self, spec: "Any") -> "Optional[ModuleType]":
         create = getattr(self._loader, "create_module", None)
         return create(spec) if create is not None else None
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         # The module must see its real loader (inspect, importlib.resources, pickling).
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self._loader
@@ -78,10 +79,10 @@ class _HookedLoader:
 class PostImportFinder:
     """The meta-path finder. One per process; see ``bootstrap.start``."""
 
-    def __init__(self, hooks: Dict[str, Sequence[str]]) -> None:
+    def __init__(self, hooks: "Dict[str, Sequence[str]]") -> None:
         self.hooks = dict(hooks)
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if fullname not in self.hooks:
             return None
         busy = getattr(_state, "busy", None)
@@ -105,7 +106,7 @@ class PostImportFinder:
         spec.loader = _HookedLoader(spec.loader, self, fullname)
         return spec
 
-    def module_loaded(self, name: str, module: ModuleType) -> None:
+    def module_loaded(self, name: str, module: "ModuleType") -> None:
         fire(name, module, self.hooks.get(name, ()))
 
     def fire_already_imported(self) -> None:
@@ -116,7 +117,7 @@ class PostImportFinder:
                 fire(name, module, targets)
 
 
-def installed_finder() -> Optional[PostImportFinder]:
+def installed_finder() -> "Optional[PostImportFinder]":
     for finder in sys.meta_path:
         if isinstance(finder, PostImportFinder) or type(finder).__name__ == "PostImportFinder":
             return finder  # type: ignore[return-value]
