@@ -117,13 +117,6 @@ class PostImportFinder:
                 fire(name, module, targets)
 
 
-def installed_finder() -> "Optional[PostImportFinder]":
-    for finder in sys.meta_path:
-        if isinstance(finder, PostImportFinder) or type(finder).__name__ == "PostImportFinder":
-            return finder  # type: ignore[return-value]
-    return None
-
-
 def uninstall() -> None:
     """Remove our finder: used when torch turns out not to be a ROCm build."""
-    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "PostImportFinder"]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportFinder)]
