@@ -16,19 +16,16 @@ import sysconfig
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence
 
-# Environment variables known to hang or break compilation on ROCm (seed 003), with the
-# config key that neutralises each and the fix to give when nothing does.
-RED_FLAGS: Dict[str, Dict[str, str]] = {
-    "TORCHINDUCTOR_MAX_AUTOTUNE": {"key": "inductor.max_autotune", "bad": "1",
-                                   "why": "GEMM autotuning on every compile: hangs"},
-    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": {"key": "inductor.max_autotune_pointwise",
-                                             "bad": "1", "why": "pointwise autotuning: hangs"},
-    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": {"key": "inductor.max_autotune_gemm", "bad": "1",
-                                        "why": "GEMM autotuning: hangs"},
-    "TORCHINDUCTOR_CUDAGRAPHS": {"key": "inductor.triton.cudagraphs", "bad": "1",
-                                 "why": "Inductor CUDA graphs: unstable on HIP"},
-    "TORCHINDUCTOR_MEMORY_PLANNING": {"key": "inductor.memory_planning", "bad": "1",
-                                      "why": "deep recursion on large graphs"},
+from rocm_autopatch import profiles
+
+# Environment variables known to hang or break compilation on ROCm (seed 003) when set
+# to "1", and why. The config key that neutralises each comes from the safe profile.
+RED_FLAGS: Dict[str, str] = {
+    "TORCHINDUCTOR_MAX_AUTOTUNE": "GEMM autotuning on every compile: hangs",
+    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "pointwise autotuning: hangs",
+    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "GEMM autotuning: hangs",
+    "TORCHINDUCTOR_CUDAGRAPHS": "Inductor CUDA graphs: unstable on HIP",
+    "TORCHINDUCTOR_MEMORY_PLANNING": "deep recursion on large graphs",
 }
 AUDIT_PATTERN = ("TORCH", "INDUCTOR", "AUTOTUNE", "COMPILE", "TRITON", "OMP", "MKL",
                  "ROCM_AUTOPATCH")
@@ -65,22 +62,23 @@ def install_info() -> Dict[str, Any]:
 
 def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
     config = {c["key"]: c for c in report.get("config", [])}
+    key_of = {var: setting.key for setting in profiles.SAFE for var in setting.env}
     rows = []
     for var in sorted(os.environ):
         if not any(p in var.upper() for p in AUDIT_PATTERN):
             continue
         value = os.environ[var]
         row: Dict[str, Any] = {"name": var, "value": value, "flag": "ok", "note": ""}
-        flag = RED_FLAGS.get(var)
-        if flag and value.strip() == flag["bad"] and not (
+        why = RED_FLAGS.get(var)
+        if why and value.strip() == "1" and not (
                 report.get("platform") not in ("rocm", "unknown") and not report.get("forced")):
-            entry = config.get(flag["key"])
+            entry = config.get(key_of[var])
             done = (report.get("active") and entry is not None
                     and entry["status"] in ("applied", "unchanged")
                     and entry["source"] != "override")
             row["flag"] = "neutralised" if done else "red"
-            row["note"] = flag["why"] + ("; overridden by rocm-autopatch" if done else
-                                         f"; fix: unset {var} or let rocm-autopatch run")
+            row["note"] = why + ("; overridden by rocm-autopatch" if done else
+                                 f"; fix: unset {var} or let rocm-autopatch run")
         rows.append(row)
     return rows
 
@@ -88,7 +86,7 @@ def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
         os.environ["ROCM_AUTOPATCH_PROFILE"] = profile  # this process only
-    from rocm_autopatch import bootstrap, probe, profiles, record
+    from rocm_autopatch import bootstrap, probe, record
 
     bootstrap.start()  # no-op where the .pth already ran it
     data: Dict[str, Any] = {"install": install_info(), "python": sys.version.split()[0]}

@@ -23,22 +23,26 @@ Warn = Callable[[Any, str], Any]
 _MISSING = object()
 
 
-def _entry(module: ModuleType, key: str) -> Any:
+def _entries(module: ModuleType) -> Optional[Dict[str, Any]]:
+    """torch's table of config keys: ``_ConfigEntry`` objects, or plain values (older torch)."""
     entries = module.__dict__.get("_config")
-    return entries.get(key) if isinstance(entries, dict) else None
+    return entries if isinstance(entries, dict) else None
+
+
+def entry(module: ModuleType, key: str) -> Any:
+    entries = _entries(module)
+    return entries.get(key) if entries is not None else None
 
 
 def has_key(module: ModuleType, key: str) -> bool:
-    entries = module.__dict__.get("_config")
-    if isinstance(entries, dict):
-        return key in entries
-    return hasattr(module, key)
+    entries = _entries(module)
+    return key in entries if entries is not None else hasattr(module, key)
 
 
 def torch_key(module: ModuleType, setting: profiles.Setting, short: str) -> Optional[str]:
     """The name the running torch uses for ``short`` (the key without its namespace)."""
     for name in (short, *setting.older_names):
-        if has_key(module, name) and getattr(_entry(module, name), "alias", None) is None:
+        if has_key(module, name) and getattr(entry(module, name), "alias", None) is None:
             return name
     for name in (short, *setting.older_names):  # an alias is still better than nothing
         if has_key(module, name):
@@ -52,17 +56,16 @@ def read(module: ModuleType, key: str) -> Any:
 
 def set_value(module: ModuleType, key: str, value: Any) -> None:
     """Write ``value`` below user assignments and above torch's own default."""
-    entry = _entry(module, key)
-    if entry is None or not hasattr(entry, "env_value_default") or \
-            getattr(entry, "alias", None) is not None:
+    found = entry(module, key)
+    if found is None or not hasattr(found, "env_value_default") or \
+            getattr(found, "alias", None) is not None:
         setattr(module, key, value)
         return
-    entry.env_value_default = value
+    found.env_value_default = value
     # Invalidate torch's cached dict/hash of the config (names vary by release).
-    for dirty in ("_hash_dirty_var",):
-        var = module.__dict__.get(dirty)
-        if var is not None:
-            var.set(True)
+    dirty = module.__dict__.get("_hash_dirty_var")
+    if dirty is not None:
+        dirty.set(True)
     if "_is_dirty" in module.__dict__:
         module.__dict__["_is_dirty"] = True
     mark = getattr(module, "_mark_get_dict_dirty", None)
@@ -123,7 +126,7 @@ def apply(module: ModuleType, namespace: str, profile: str,
     for key, (setting, name, value, source) in wanted.items():
         before = read(module, name)
         noop = profiles.NOOP_KEYS.get(key) or (
-            "deprecated in this torch" if getattr(_entry(module, name), "deprecated", False)
+            "deprecated in this torch" if getattr(entry(module, name), "deprecated", False)
             else "")
         if noop:
             changes.append(ConfigChange(key, before, before, source, SKIPPED,
@@ -166,7 +169,7 @@ def apply(module: ModuleType, namespace: str, profile: str,
 
 
 def _why_not(module: ModuleType, key: str) -> str:
-    force = getattr(_entry(module, key), "env_value_force", _MISSING)
+    force = getattr(entry(module, key), "env_value_force", _MISSING)
     if force is not _MISSING and read(module, key) == force:
         return "pinned by a TORCHINDUCTOR_* force variable in the environment"
     return "torch reads another value back (set earlier in code in this thread?)"

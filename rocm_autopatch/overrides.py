@@ -14,6 +14,8 @@ import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from rocm_autopatch import config_applier
+
 PREFIX = "INDUCTOR_"
 # Seed 000's names whose key isn't simply the upper-cased name.
 ALIASES = {"INDUCTOR_COORD_DESCENT": "coordinate_descent_tuning"}
@@ -46,12 +48,12 @@ def env_names(keys: List[str]) -> Dict[str, str]:
 
 
 def key_type(module: ModuleType, key: str) -> Any:
-    entry = getattr(module, "_config", {}).get(key)
-    declared = getattr(entry, "value_type", None)
+    found = config_applier.entry(module, key)
+    declared = getattr(found, "value_type", None)
     if declared is not None:
         return declared
-    if hasattr(entry, "default"):  # torch with _ConfigEntry but no value_type
-        return type(entry.default)
+    if hasattr(found, "default"):  # torch with _ConfigEntry but no value_type
+        return type(found.default)
     return type(getattr(module, key))  # older torch: _config maps key -> value
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Optional
@@ -269,4 +268,3 @@ print(json.dumps({"received": torch.RECEIVED, "platform": r.platform, "active": 
     assert out["received"] == [{"mode": "default"}]
     assert out["platform"] == "rocm" and out["active"] is True
     assert out["py"] == [int(p) for p in version.split(".")]
-    assert sys.version_info >= (3, 9)
