@@ -2,9 +2,13 @@
 
     python benchmarks/startup.py VENV_PYTHON [--runs 30]
 
-VENV_PYTHON must have rocm-autopatch installed. "without" runs the same interpreter with
-``rocm_autopatch.pth`` renamed away (restored afterwards); runs are paired and alternated
-so drift hits both sides. Prints medians and ratios, then one JSON line.
+VENV_PYTHON must have rocm-autopatch installed. Three arms, run paired and alternated so
+drift hits all of them, in the same interpreter:
+  with     - rocm_autopatch.pth as installed;
+  floor    - rocm_autopatch.pth replaced by the line ``import os``: what site charges for
+             any .pth file that runs a line, i.e. the least a .pth-based tool can cost;
+  without  - rocm_autopatch.pth renamed away.
+The installed file is restored afterwards. Prints medians and ratios, then one JSON line.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+ARMS = ("with", "floor", "without")
 
 
 def _time(python: str, code: str, env: dict) -> float:
@@ -32,6 +38,23 @@ def _torch_modules(python: str, env: dict) -> int:
     return int(out.stdout.strip())
 
 
+class PthArms:
+    """Switches site-packages between the three arms; always puts the real file back."""
+
+    def __init__(self, site: Path) -> None:
+        self.pth = site / "rocm_autopatch.pth"
+        self.original = self.pth.read_text()
+
+    def set(self, arm: str) -> None:
+        if arm == "without":
+            self.pth.unlink(missing_ok=True)
+        else:
+            self.pth.write_text(self.original if arm == "with" else "import os\n")
+
+    def restore(self) -> None:
+        self.pth.write_text(self.original)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("python")
@@ -39,40 +62,36 @@ def main() -> None:
     args = parser.parse_args()
     site = subprocess.run([args.python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
-    pth = Path(site.stdout.strip()) / "rocm_autopatch.pth"
-    hidden = pth.with_name("rocm_autopatch.pth.off")
+    arms = PthArms(Path(site.stdout.strip()))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_AUTOPATCH",
                                                                        "TORCHINDUCTOR"))}
-    results = {}
+    results: dict = {}
     try:
         for label, code, runs in (("python -c pass", "pass", args.runs),
                                   ("import torch", "import torch", max(10, args.runs // 3))):
-            with_pth, without = [], []
+            times: dict = {arm: [] for arm in ARMS}
             for _ in range(runs):
-                with_pth.append(_time(args.python, code, env))
-                pth.rename(hidden)
-                try:
-                    without.append(_time(args.python, code, env))
-                finally:
-                    hidden.rename(pth)
-            results[label] = {"with_ms": statistics.median(with_pth) * 1e3,
-                              "without_ms": statistics.median(without) * 1e3,
-                              "ratio": statistics.median(with_pth) / statistics.median(without),
-                              "runs": runs}
-        mods_with = _torch_modules(args.python, env)
-        pth.rename(hidden)
-        try:
-            mods_without = _torch_modules(args.python, env)
-        finally:
-            hidden.rename(pth)
-        results["extra_torch_modules"] = mods_with - mods_without
+                for arm in ARMS:
+                    arms.set(arm)
+                    times[arm].append(_time(args.python, code, env))
+            med = {arm: statistics.median(t) * 1e3 for arm, t in times.items()}
+            results[label] = {**{f"{arm}_ms": med[arm] for arm in ARMS},
+                              "ratio": med["with"] / med["without"],
+                              "floor_ratio": med["floor"] / med["without"],
+                              "ours_over_floor_ms": med["with"] - med["floor"], "runs": runs}
+        modules = {}
+        for arm in ("with", "without"):
+            arms.set(arm)
+            modules[arm] = _torch_modules(args.python, env)
+        results["extra_torch_modules"] = modules["with"] - modules["without"]
     finally:
-        if hidden.exists() and not pth.exists():
-            hidden.rename(pth)
-    print(f"{'measure':<16}{'with .pth':>12}{'without':>12}{'ratio':>8}")
+        arms.restore()
+    print(f"{'measure':<16}{'with .pth':>12}{'floor':>10}{'without':>10}{'ratio':>8}"
+          f"{'floor ratio':>13}")
     for label in ("python -c pass", "import torch"):
         r = results[label]
-        print(f"{label:<16}{r['with_ms']:>10.1f}ms{r['without_ms']:>10.1f}ms{r['ratio']:>8.3f}")
+        print(f"{label:<16}{r['with_ms']:>10.1f}ms{r['floor_ms']:>8.1f}ms{r['without_ms']:>8.1f}ms"
+              f"{r['ratio']:>8.3f}{r['floor_ratio']:>13.3f}")
     print(f"extra torch modules imported: {results['extra_torch_modules']}")
     print(json.dumps({"python": sys.version.split()[0], **results}))
 

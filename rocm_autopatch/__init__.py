@@ -1,7 +1,8 @@
 """rocm-autopatch: makes torch.compile safe on ROCm, applied from an import hook.
 
-This file is loaded at interpreter start (it is the parent of ``bootstrap``), so it stays
-stdlib-only and tiny. ``report()`` loads the change record only when asked.
+Nothing here runs at interpreter start (that is ``_rocm_autopatch_start``, beside the
+package); the package loads when the program first imports torch. ``report()`` loads the
+change record only when asked.
 """
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~10 ms at start-up

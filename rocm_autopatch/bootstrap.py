@@ -1,13 +1,20 @@
-"""Interpreter start-up: read ``ROCM_AUTOPATCH`` and register the post-import hooks.
+"""Activation: read ``ROCM_AUTOPATCH`` and build the post-import hooks on torch's modules.
 
-Run from ``rocm_autopatch.pth`` (or ``rocm_autopatch.start`` on Python 3.15+) in every
-Python process, pip included. Stdlib only, no output on stdout, never raises. Nothing
-about torch is decided here: that happens when the program first imports torch.
+Called once, by the start-up trigger (``_rocm_autopatch_start``), when the program first
+imports torch, or at once where torch was imported before us or the mode needs a warning.
+Still stdlib only: nothing about torch is decided here, that happens in ``hooks`` as each
+torch module finishes importing.
 """
 
-import _thread  # not threading: start-up imports only what site already has
+import _thread  # not threading: this can run during start-up, before threading is loaded
 import os
 import sys
+
+TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are strings
+if TYPE_CHECKING:
+    from typing import Optional
+
+    from rocm_autopatch.importhook import PostImportFinder
 
 ENV_MODE = "ROCM_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no")
@@ -23,8 +30,9 @@ HOOKS = {
 }
 
 _lock = _thread.allocate_lock()
-mode: str = "unset"  # "off", "auto" or "force" once start() has run
+mode: str = "unset"  # "off", "auto" or "force" once activate() has run
 started = False
+finder: "Optional[PostImportFinder]" = None
 
 
 def parse_mode(raw: str) -> str:
@@ -43,24 +51,25 @@ def parse_mode(raw: str) -> str:
     return "auto"
 
 
-def start() -> None:
-    """Idempotent; safe to call from the .pth, the .start file and the launcher alike."""
-    global mode, started
-    try:
-        with _lock:
-            if started:
-                return
-            started = True
-            mode = parse_mode(os.environ.get(ENV_MODE, ""))
-            if mode == "off":
-                return
-            from rocm_autopatch import importhook
+def activate() -> "Optional[PostImportFinder]":
+    """Idempotent. The finder the trigger delegates to, or None when the mode is off."""
+    global mode, started, finder
+    with _lock:
+        if started:
+            return finder
+        started = True
+        mode = parse_mode(os.environ.get(ENV_MODE, ""))
+        if mode == "off":
+            return None
+        from rocm_autopatch import importhook
 
-            finder = importhook.PostImportFinder(HOOKS)
-            sys.meta_path.insert(0, finder)
-        finder.fire_already_imported()
-    except Exception as exc:  # noqa: BLE001 - start-up must never break an interpreter
-        try:
-            sys.stderr.write(f"rocm-autopatch: warning: start-up failed, inactive: {exc!r}\n")
-        except Exception:  # noqa: BLE001
-            pass
+        finder = importhook.PostImportFinder(HOOKS)
+    finder.fire_already_imported()
+    return finder
+
+
+def start() -> None:
+    """The start-up call, for code that has the package at hand (the launcher, the doctor)."""
+    import _rocm_autopatch_start
+
+    _rocm_autopatch_start.start()

@@ -1,4 +1,5 @@
-"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed).
+"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed)
+and ``rocm-autopatch run`` (the launcher, see ``launcher``).
 
 ``doctor`` imports torch and its compiler config in its own process, so the report it
 prints is the one a script would get in this environment. ``--json`` for machines.
@@ -41,6 +42,8 @@ def _site_dirs() -> List[str]:
 
 
 def install_info() -> Dict[str, Any]:
+    """Call before anything else starts the hook: it tells whether the .pth/.start did."""
+    import _rocm_autopatch_start
     from rocm_autopatch import bootstrap
 
     found = []
@@ -54,9 +57,9 @@ def install_info() -> Dict[str, Any]:
         "files": found,
         "site_processed": not sys.flags.no_site,
         "will_run": runs_pth,
-        "bootstrap_ran": bootstrap.started,
-        "mode": bootstrap.mode if bootstrap.started else os.environ.get(
-            bootstrap.ENV_MODE, "auto"),
+        "bootstrap_ran": _rocm_autopatch_start.installed() is not None,
+        "mode": bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
+            os.environ.get(bootstrap.ENV_MODE, "")),
     }
 
 
@@ -88,8 +91,8 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
         os.environ["ROCM_AUTOPATCH_PROFILE"] = profile  # this process only
     from rocm_autopatch import bootstrap, probe, record
 
-    bootstrap.start()  # no-op where the .pth already ran it
     data: Dict[str, Any] = {"install": install_info(), "python": sys.version.split()[0]}
+    bootstrap.start()  # no-op where the .pth already ran it
     try:
         import torch
         import torch._dynamo.config  # noqa: F401 - imported to apply and report the config
@@ -97,6 +100,14 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - no torch here is a finding, not a crash
         data["torch_error"] = repr(exc)
     report = record.REPORT.to_dict()
+    torch_module = sys.modules.get("torch")
+    if report["platform"] == "unknown" and torch_module is not None:
+        # The hooks did not run (ROCM_AUTOPATCH=0): the doctor still says what torch is.
+        report["platform"] = probe.platform_of(torch_module)
+        report["torch_version"] = str(getattr(torch_module, "__version__", "unknown"))
+        report["hip_version"] = getattr(getattr(torch_module, "version", None), "hip", None)
+    if data["install"]["mode"] == "off":
+        report["reason"] = f"turned off by {bootstrap.ENV_MODE}={os.environ[bootstrap.ENV_MODE]}"
     data["report"] = report
     data["gpus"] = probe.gpu_archs()
     data["environment"] = environment_audit(report)
@@ -110,7 +121,7 @@ def _human(data: Dict[str, Any]) -> str:
     inst = data["install"]
     out = ["rocm-autopatch doctor", "", "Install"]
     out += [f"  {p}" for p in inst["files"]] or ["  no rocm_autopatch.pth found"]
-    out.append(f"  runs at start-up: {'yes' if inst['will_run'] else 'no'}; bootstrap ran: "
+    out.append(f"  runs at start-up: {'yes' if inst['will_run'] else 'no'}; ran in this process: "
                f"{'yes' if inst['bootstrap_ran'] else 'no'}; ROCM_AUTOPATCH mode: {inst['mode']}")
     out += ["", "Platform",
             f"  python {data['python']}; torch {r.get('torch_version') or 'not importable'}"
@@ -159,10 +170,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--profile", choices=("safe", "perf"),
                         help="show what this profile would do (this process only)")
+    run = sub.add_parser(
+        "run", help="run a Python command with rocm-autopatch applied, even under python -S",
+        usage="rocm-autopatch run [--profile P] -- python [flags] script.py|-m mod args...")
+    run.add_argument("--profile", choices=("safe", "perf"), help="the profile for the target")
+    run.add_argument("target", nargs=argparse.REMAINDER, help="the command to run")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    if args.command == "run":
+        from rocm_autopatch import launcher
+
+        target = args.target[1:] if args.target[:1] == ["--"] else args.target
+        try:
+            launcher.main(target, args.profile)
+        except launcher.UsageError as exc:
+            sys.stderr.write(f"rocm-autopatch run: {exc}\n")
+            return 2
     if args.command != "doctor":
         parser.print_usage(sys.stderr)
         return 2

@@ -52,7 +52,7 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
             report.active = False
             report.reason = (f"torch {report.torch_version} is a {report.platform} build; "
                              "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
-            importhook.uninstall()
+            importhook.deactivate(bootstrap.finder)
             return False
         report.active = True
         report.profile = _profile()
@@ -111,6 +111,8 @@ def on_dynamo_config(module: ModuleType) -> None:
 def on_convert_frame(module: ModuleType) -> None:
     if not decide():
         return
-    from rocm_autopatch import capture_fix
+    from rocm_autopatch import capture_fix, watchdog
 
+    # The watchdog goes innermost, so the capture fix's own wrapper stays outermost.
+    watchdog.install(module)
     capture_fix.install(module)

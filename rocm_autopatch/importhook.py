@@ -77,7 +77,8 @@ class _HookedLoader:
 
 
 class PostImportFinder:
-    """The meta-path finder. One per process; see ``bootstrap.start``."""
+    """Watches the modules in ``hooks``. One per process (``bootstrap.activate``), reached
+    through the start-up trigger that sits in ``sys.meta_path``."""
 
     def __init__(self, hooks: "Dict[str, Sequence[str]]") -> None:
         self.hooks = dict(hooks)
@@ -94,7 +95,9 @@ class PostImportFinder:
         try:
             spec = None
             for finder in list(sys.meta_path):
-                if finder is self or not hasattr(finder, "find_spec"):
+                # Skip ourselves and the start-up trigger that forwards to us.
+                if finder is self or getattr(finder, "finder", None) is self or not hasattr(
+                        finder, "find_spec"):
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
@@ -117,6 +120,10 @@ class PostImportFinder:
                 fire(name, module, targets)
 
 
-def uninstall() -> None:
-    """Remove our finder: used when torch turns out not to be a ROCm build."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PostImportFinder)]
+def deactivate(finder: "Optional[PostImportFinder]") -> None:
+    """Stop watching anything: used when torch turns out not to be a ROCm build.
+
+    The finder is emptied, not removed: another thread may be walking ``sys.meta_path``.
+    """
+    if finder is not None:
+        finder.hooks = {}

@@ -13,9 +13,9 @@ from typing import Optional
 import pytest
 from conftest import ROOT, Venv, clean_env, make_venv
 
-BOOTSTRAP_ONLY = ["rocm_autopatch", "rocm_autopatch.bootstrap", "rocm_autopatch.importhook"]
+START_ONLY = ["_rocm_autopatch_start"]
 
-OURS = "sorted(m for m in sys.modules if m.startswith('rocm_autopatch'))"
+OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_autopatch')))"
 
 APPLIED = """
 import json, sys, threading
@@ -43,6 +43,8 @@ snap.update({"dynamo." + k: norm(v) for k, v in sorted(dc.get_config_copy().item
 c = torch.compile
 print(json.dumps({"config": snap, "compile": [type(c).__name__, c.__module__,
                   c.__code__.co_filename], "finders": [type(f).__name__ for f in sys.meta_path],
+                  "watching": sorted(getattr(getattr(sys.meta_path[0], "finder", None), "hooks",
+                                             {})),
                   "ours": %s}))
 """ % OURS
 
@@ -54,7 +56,9 @@ def test_wheel_puts_both_startup_files_at_the_root(wheel: Path) -> None:
     # site runs only lines that start with "import"; a second line would be a path.
     assert len(pth) == 1 and pth[0].startswith("import ")
     start = zipfile.ZipFile(wheel).read("rocm_autopatch.start").decode().split()
-    assert start == ["rocm_autopatch.bootstrap:start"]
+    assert start == ["_rocm_autopatch_start:start"]
+    # The start-up module is a top-level module beside the package (one file to load).
+    assert "_rocm_autopatch_start.py" in names
 
 
 def test_files_land_in_site_packages(torch_venv: Venv) -> None:
@@ -73,7 +77,7 @@ def test_force_applies_safe_core_in_every_thread(torch_venv: Venv) -> None:
 def test_off_means_nothing_of_ours_is_imported(torch_venv: Venv, value: str) -> None:
     out = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value})
     assert out["ours"] == []
-    assert "PostImportFinder" not in out["finders"]
+    assert "TorchImportTrigger" not in out["finders"]
     assert out["compile"][0] == "function"
 
 
@@ -83,13 +87,19 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["config"] == without["config"]
     assert with_package["compile"] == without["compile"]
     assert with_package["compile"][0] == "function"
-    # The hook removed itself once torch turned out not to be a ROCm build.
-    assert "PostImportFinder" not in with_package["finders"]
+    # Once torch turned out not to be a ROCm build the trigger watches nothing more (it
+    # stays in sys.meta_path, emptied: removing it could make another thread skip a finder).
+    assert with_package["finders"][0] == "TorchImportTrigger"
+    assert with_package["watching"] == []
+    assert with_package["finders"][1:] == without["finders"]
 
 
-def test_program_without_torch_loads_only_the_bootstrap(torch_venv: Venv) -> None:
-    out = torch_venv.json(f"import json, sys; print(json.dumps({{'ours': {OURS}}}))")
-    assert out["ours"] == BOOTSTRAP_ONLY
+@pytest.mark.parametrize("mode", ["auto", "force"])
+def test_program_without_torch_loads_only_the_start_module(torch_venv: Venv, mode: str) -> None:
+    code = f"""import json, sys
+print(json.dumps({{'ours': {OURS}, 'first': type(sys.meta_path[0]).__name__}}))"""
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": mode})
+    assert out == {"ours": START_ONLY, "first": "TorchImportTrigger"}
 
 
 def test_bad_mode_warns_once_on_stderr_and_continues(torch_venv: Venv) -> None:
@@ -147,10 +157,15 @@ def test_idempotent_bootstrap_hooks_and_reload(torch_venv: Venv) -> None:
     # reload case is convert_frame: re-executed, it gets its fix again, exactly once.
     code = """
 import importlib, json, sys
+import _rocm_autopatch_start as s
+s.start(); s.start()
 import rocm_autopatch.bootstrap as b
-b.start(); b.start()
+b.start(); b.activate()
 import torch, torch._inductor.config as ic, torch._dynamo.convert_frame as cf
-finders = [type(f).__name__ for f in sys.meta_path].count("PostImportFinder")
+b.activate()
+finders = [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger")
+s = importlib.reload(s); s.start()
+finders += [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger") - 1
 import rocm_autopatch.hooks as hooks
 hooks.on_torch(torch); hooks.on_inductor_config(ic)   # hooks firing twice change nothing
 cf = importlib.reload(cf)
