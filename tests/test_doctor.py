@@ -1,0 +1,150 @@
+"""`rocm-autopatch doctor`: the real installed console script, in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Dict, Optional
+
+import pytest
+from conftest import ROOT, Venv, clean_env
+
+from rocm_autopatch import profiles
+
+SECTIONS = ["Install", "Platform", "Environment",
+            "Configuration (key: before -> after, source, status)",
+            "torch.compile rewrites and fixes"]
+STANDIN = str(ROOT / "tests" / "standin_rocm_torch")
+
+
+def doctor(venv: Venv, *args: str, env: Optional[Dict[str, str]] = None
+           ) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv.path / "bin" / "rocm-autopatch"), "doctor", *args],
+                          capture_output=True, text=True, env=clean_env(**(env or {})),
+                          timeout=600, cwd=str(venv.path))
+
+
+def safe_keys() -> set:
+    return {s.key for s in profiles.SAFE}
+
+
+@pytest.mark.parametrize("mode", ["auto", "force"])
+def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: str) -> None:
+    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH": mode})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line for line in lines if line in SECTIONS] == SECTIONS
+    assert max(len(line) for line in lines) <= 80
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "\x1b[" not in proc.stdout  # no colour codes
+    assert str(torch_venv.site / "rocm_autopatch.pth") in proc.stdout
+    assert "torch 2.13.0" in proc.stdout and "(cpu)" in proc.stdout
+    assert lines[-1] == "healthy"
+    if mode == "force":
+        assert "active: yes" in proc.stdout
+        assert "inductor.triton.cudagraph_trees: True -> False, profile, applied" in proc.stdout
+        assert "compile_watchdog: applied" in proc.stdout
+    else:
+        assert "active: no" in proc.stdout and "cpu build; nothing changed" in proc.stdout
+        assert "applied" not in proc.stdout.split("Configuration")[1]
+
+
+def test_json_schema(torch_venv: Venv) -> None:
+    proc = doctor(torch_venv, "--json", env={"ROCM_AUTOPATCH": "force"})
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data) >= {"install", "python", "report", "gpus", "environment", "left_out",
+                         "healthy"}
+    assert set(data["install"]) == {"files", "site_processed", "will_run", "bootstrap_ran",
+                                    "mode"}
+    assert data["install"]["will_run"] and data["install"]["bootstrap_ran"]
+    assert data["install"]["mode"] == "force"
+    report = data["report"]
+    assert report["active"] is True and report["platform"] == "cpu" and report["forced"]
+    assert {c["key"] for c in report["config"]} == safe_keys()
+    for entry in report["config"]:
+        assert set(entry) >= {"key", "before", "after", "source", "status", "reason"}
+        assert entry["status"] in ("applied", "unchanged", "skipped", "failed")
+    assert set(report["fixes"]) == {"compile_guard", "compile_watchdog", "capture_rng",
+                                    "capture_error"}
+    assert data["gpus"] == [] and data["healthy"] is True
+
+
+def test_profile_perf_shows_perf_without_touching_other_processes(torch_venv: Venv) -> None:
+    data = json.loads(doctor(torch_venv, "--json", "--profile", "perf",
+                             env={"ROCM_AUTOPATCH": "force"}).stdout)
+    keys = {c["key"] for c in data["report"]["config"]}
+    assert data["report"]["profile"] == "perf"
+    assert keys == {s.key for s in profiles.PROFILES["perf"]}
+    assert keys > safe_keys()
+    # Nothing global: a program run afterwards still gets the default profile.
+    after = torch_venv.json("import json, torch._inductor.config as ic, rocm_autopatch; "
+                            "print(json.dumps(rocm_autopatch.report().profile))",
+                            env={"ROCM_AUTOPATCH": "force"})
+    assert after == "safe"
+
+
+def test_red_flag_on_rocm_with_the_package_off_exits_1(torch_venv: Venv) -> None:
+    """STAND-IN ROCm torch (no ROCm build here): ROCM_AUTOPATCH=0 leaves autotuning on."""
+    env = {"ROCM_AUTOPATCH": "0", "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "PYTHONPATH": STANDIN}
+    proc = doctor(torch_venv, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "! TORCHINDUCTOR_MAX_AUTOTUNE=1" in proc.stdout
+    assert "fix: unset" in proc.stdout and "(rocm, HIP" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("RED FLAGS")
+    assert "Traceback" not in proc.stdout + proc.stderr
+    data = json.loads(doctor(torch_venv, "--json", env=env).stdout)
+    assert data["healthy"] is False
+    assert [r["flag"] for r in data["environment"] if r["name"] == "TORCHINDUCTOR_MAX_AUTOTUNE"
+            ] == ["red"]
+
+
+def test_red_flag_neutralised_by_the_package(torch_venv: Venv) -> None:
+    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    assert proc.returncode == 0, proc.stdout
+    assert "~ TORCHINDUCTOR_MAX_AUTOTUNE=1" in proc.stdout
+    assert "overridden by rocm-autopatch" in proc.stdout
+
+
+def test_red_flag_kept_by_a_user_override_exits_1(torch_venv: Venv) -> None:
+    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_MAX_AUTOTUNE": "1",
+                                   "INDUCTOR_MAX_AUTOTUNE": "1"})
+    assert proc.returncode == 1
+    assert "! TORCHINDUCTOR_MAX_AUTOTUNE=1" in proc.stdout
+
+
+def test_not_a_red_flag_on_a_cpu_build(torch_venv: Venv) -> None:
+    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH": "0", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"})
+    assert proc.returncode == 0
+    assert "turned off by ROCM_AUTOPATCH=0" in proc.stdout
+
+
+def test_gpu_arch_from_a_fake_kfd_topology(torch_venv: Venv, tmp_path: Path) -> None:
+    for node, version in (("0", 0), ("1", 90402), ("2", 90010), ("3", 120001)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "properties").write_text(
+            f"cpu_cores_count 0\ngfx_target_version {version}\nsimd_count 304\n")
+    (tmp_path / "4").mkdir()  # a node without properties is skipped, not an error
+    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)})
+    assert proc.returncode == 0
+    assert ("GPUs (KFD): gfx942 (MI300X/MI300A/MI325X), gfx90a (MI210/MI250/MI250X), "
+            "gfx1201 (unknown)") in proc.stdout.replace("\n     ", "")
+    data = json.loads(doctor(torch_venv, "--json",
+                             env={"ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)}).stdout)
+    assert [g["arch"] for g in data["gpus"]] == ["gfx942", "gfx90a", "gfx1201"]
+
+
+def test_usage_errors_exit_2(torch_venv: Venv) -> None:
+    script = str(torch_venv.path / "bin" / "rocm-autopatch")
+    for args in ([], ["nonsense"], ["doctor", "--profile", "fast"], ["run"]):
+        proc = subprocess.run([script, *args], capture_output=True, text=True, env=clean_env())
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_module_form_matches_console_script(torch_venv: Venv) -> None:
+    proc = subprocess.run([torch_venv.python, "-m", "rocm_autopatch", "doctor", "--json"],
+                          capture_output=True, text=True, env=clean_env(), cwd=str(torch_venv.path))
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["install"]["will_run"] is True
