@@ -9,6 +9,7 @@ strings and imported only when they fire, so nothing of ours loads before torch 
 
 import _thread
 import sys
+from time import perf_counter
 
 TYPE_CHECKING = False  # typing/threading cost ~11 ms at start-up; annotations are strings
 if TYPE_CHECKING:
@@ -41,13 +42,20 @@ def _report_failure(name: str, target: str, exc: BaseException) -> None:
             pass
 
 
+# Seconds spent in each callback, our modules' imports included (doctor, benchmarks).
+timings: "Dict[str, float]" = {}
+
+
 def fire(name: str, module: "ModuleType", targets: "Sequence[str]") -> None:
     """Run each callback for ``module``; a failing one is recorded, the rest still run."""
     for target in targets:
+        start = perf_counter()
         try:
             _resolve(target)(module)
         except Exception as exc:  # noqa: BLE001 - see _report_failure
             _report_failure(name, target, exc)
+        finally:
+            timings[target] = timings.get(target, 0.0) + perf_counter() - start
 
 
 class _HookedLoader:

@@ -1,0 +1,69 @@
+"""What the hooks cost when a program imports torch's compiler modules.
+
+    python benchmarks/hook_cost.py [--runs 10]
+
+Needs rocm-autopatch installed in this Python. Two measures, each in fresh processes:
+- the time spent inside our hooks (``rocm_autopatch.importhook.timings``: our modules'
+  imports, wrapt, the config writes and read-backs, the guard), under ROCM_AUTOPATCH=force,
+  while the program runs ``import torch, torch._dynamo, torch._inductor.config``;
+- the wall time of that import line, force vs ROCM_AUTOPATCH=0, paired and alternated.
+Target: hooks under 5 ms in total. Prints medians, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CHILD = """
+import json, time
+start = time.perf_counter()
+import torch, torch._dynamo, torch._inductor.config
+wall = time.perf_counter() - start
+timings = {}
+try:
+    from rocm_autopatch import importhook
+    timings = dict(importhook.timings)
+except ImportError:
+    pass
+print(json.dumps({"wall_ms": wall * 1e3, "hooks_ms": {k: v * 1e3 for k, v in timings.items()}}))
+"""
+
+
+def once(mode: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_AUTOPATCH",
+                                                                     "TORCHINDUCTOR_"))}
+    env["ROCM_AUTOPATCH"] = mode
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    forced, off = [], []
+    for _ in range(args.runs):
+        forced.append(once("force"))
+        off.append(once("0"))
+    per_hook = {k: statistics.median(r["hooks_ms"].get(k, 0.0) for r in forced)
+                for k in forced[0]["hooks_ms"]}
+    total = statistics.median(sum(r["hooks_ms"].values()) for r in forced)
+    wall_force = statistics.median(r["wall_ms"] for r in forced)
+    wall_off = statistics.median(r["wall_ms"] for r in off)
+    for name, ms in per_hook.items():
+        print(f"{name:<45}{ms:>8.2f} ms")
+    print(f"{'hooks total (median of runs)':<45}{total:>8.2f} ms  (target < 5 ms)")
+    print(f"import torch, torch._dynamo, torch._inductor.config: {wall_force:.0f} ms forced vs "
+          f"{wall_off:.0f} ms off, ratio {wall_force / wall_off:.3f}")
+    print(json.dumps({"runs": args.runs, "hooks_ms": per_hook, "hooks_total_ms": total,
+                      "import_wall_ms": {"force": wall_force, "off": wall_off}}))
+
+
+if __name__ == "__main__":
+    main()
