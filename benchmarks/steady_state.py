@@ -31,7 +31,8 @@ torch.manual_seed(0)
 config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                      num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                      max_position_embeddings=4096)
-model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+with torch.device("cuda"):  # random init on the GPU: seconds, not minutes
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
 ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
 with torch.no_grad():
     ref = model(input_ids=ids).logits.float()
@@ -77,7 +78,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per arm")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     import torch
