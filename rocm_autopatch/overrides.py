@@ -8,7 +8,6 @@ the running torch, never evaluated. Bad names and values warn once and are ignor
 
 from __future__ import annotations
 
-import difflib
 import os
 import typing
 from types import ModuleType
@@ -127,6 +126,8 @@ def read(module: ModuleType, environ: Optional[Mapping[str, str]] = None,
     ``warn(key, message)`` is called once per bad variable; the variable is then ignored.
     """
     environ = os.environ if environ is None else environ
+    if not any(var.startswith(PREFIX) for var in environ):
+        return {}  # the common case: skip naming all ~600 keys (about 1 ms)
     keys = config_keys(module)
     names = env_names(keys)
     found: Dict[str, Tuple[Any, str]] = {}
@@ -136,6 +137,8 @@ def read(module: ModuleType, environ: Optional[Mapping[str, str]] = None,
         raw = environ[var]
         key = names.get(var)
         if key is None:
+            import difflib  # only for a bad name: not on every start
+
             close = difflib.get_close_matches(var, list(names), n=3, cutoff=0.6)
             hint = f"; closest: {', '.join(close)}" if close else ""
             if warn:

@@ -7,8 +7,7 @@ One ``Report`` per process (``REPORT``), filled in by the hooks and read by
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # Statuses of a config entry.
 APPLIED = "applied"  # our value is now what torch reads
@@ -24,47 +23,83 @@ def jsonable(value: Any) -> Any:
         return [jsonable(v) for v in value]
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, _Fields):
+        return value.to_dict()
     return repr(value)
 
 
-@dataclass
-class ConfigChange:
+class _Fields:
+    """A small record type. Not a dataclass: creating four dataclasses cost ~2.5 ms at
+    ``import torch`` time (BENCHMARKS.md, hook cost)."""
+
+    _fields: Tuple[Tuple[str, Callable[[], Any]], ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = [name for name, _ in self._fields]
+        kwargs.update(zip(names, args))
+        for name, default in self._fields:
+            setattr(self, name, kwargs.pop(name) if name in kwargs else default())
+        if kwargs:
+            raise TypeError(f"unknown fields for {type(self).__name__}: {sorted(kwargs)}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {name: jsonable(getattr(self, name)) for name, _ in self._fields}
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields)
+        return f"{type(self).__name__}({inner})"
+
+
+def _const(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+class ConfigChange(_Fields):
     key: str  # "inductor.max_autotune", "dynamo.recompile_limit"
     before: Any
     after: Any
     source: str  # "profile", "override" or "environment"
     status: str
-    reason: str = ""
-    wanted: Any = None
-    torch_key: str = ""  # the name the running torch uses, when it differs
+    reason: str
+    wanted: Any
+    torch_key: str  # the name the running torch uses, when it differs
+    _fields = (("key", _const("")), ("before", _const(None)), ("after", _const(None)),
+               ("source", _const("")), ("status", _const("")), ("reason", _const("")),
+               ("wanted", _const(None)), ("torch_key", _const("")))
 
 
-@dataclass
-class CompileRewrite:
+class CompileRewrite(_Fields):
     before: Dict[str, Any]
     after: Dict[str, Any]
     call_site: str
-    count: int = 1
+    count: int
+    _fields = (("before", dict), ("after", dict), ("call_site", _const("")),
+               ("count", _const(1)))
 
 
-@dataclass
-class Report:
-    active: bool = False
-    platform: str = "unknown"  # "rocm", "cuda", "cpu" once torch is imported
-    forced: bool = False
-    mode: str = "unset"
-    profile: str = "safe"
-    torch_version: Optional[str] = None
-    hip_version: Optional[str] = None
-    reason: str = "torch not imported yet"
-    config: List[ConfigChange] = field(default_factory=list)
-    compile_rewrites: List[CompileRewrite] = field(default_factory=list)
-    fixes: Dict[str, Dict[str, str]] = field(default_factory=dict)
-    errors: List[str] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-
-    def to_dict(self) -> Dict[str, Any]:
-        return jsonable(asdict(self))
+class Report(_Fields):
+    active: bool
+    platform: str  # "rocm", "cuda", "cpu" once torch is imported
+    forced: bool
+    mode: str
+    profile: str
+    torch_version: Optional[str]
+    hip_version: Optional[str]
+    reason: str
+    config: List[ConfigChange]
+    compile_rewrites: List[CompileRewrite]
+    fixes: Dict[str, Dict[str, str]]
+    errors: List[str]
+    warnings: List[str]
+    _fields = (("active", _const(False)), ("platform", _const("unknown")),
+               ("forced", _const(False)), ("mode", _const("unset")), ("profile", _const("safe")),
+               ("torch_version", _const(None)), ("hip_version", _const(None)),
+               ("reason", _const("torch not imported yet")), ("config", list),
+               ("compile_rewrites", list), ("fixes", dict), ("errors", list),
+               ("warnings", list))
 
     def config_entry(self, key: str) -> Optional[ConfigChange]:
         for entry in self.config:
