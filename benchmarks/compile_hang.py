@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from common import child_env, meta, save
+
 CHILD = r"""
 import json, sys, time, torch
 shapes = int(sys.argv[1])
@@ -64,9 +66,7 @@ ARMS = {
 
 
 def run_arm(name: str, shapes: int, limit: float) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHINDUCTOR_", "ROCM_AUTOPATCH", "INDUCTOR_"))}
-    env.update(ARMS[name])
+    env = child_env(**ARMS[name])
     with tempfile.TemporaryDirectory() as cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache  # a cold cache for every arm
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
@@ -97,12 +97,7 @@ def main() -> None:
     for r in results:
         if clean and r["status"] == "ok":
             r["vs_clean"] = r["compile_s"] / clean["compile_s"]
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "shapes": args.shapes, "limit_s": args.limit, "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": results}, fh, indent=2)
-    print(json.dumps(meta))
+    save(args.json, meta(torch, shapes=args.shapes, limit_s=args.limit), results)
     print(f"{'arm':<18}{'status':<16}{'compile s':>10}{'vs clean':>10}{'autotune':>10}"
           f"{'backends':>20}")
     for r in results:

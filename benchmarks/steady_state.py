@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import time
+
+from common import child_env, meta, save
 
 CHILD = r"""
 import json, statistics, sys, time, torch
@@ -85,9 +85,7 @@ def main() -> None:
 
     results = []
     for arm in args.arms.split(","):
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("TORCHINDUCTOR_", "ROCM_AUTOPATCH", "INDUCTOR_"))}
-        env.update(ARMS[arm])
+        env = child_env(**ARMS[arm])
         try:
             proc = subprocess.run([sys.executable, "-c", CHILD, arm, str(args.batch),
                                    str(args.seq), str(args.warmup), str(args.iters)],
@@ -103,14 +101,10 @@ def main() -> None:
     for r in results:
         if base and r["status"] == "ok":
             r["vs_compile"] = r["median_ms"] / base["median_ms"]
-    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "model": "Llama 16 layers, hidden 2048, GQA 32/8 heads, vocab 32000 (~1.1B), bf16",
-            "batch": args.batch, "seq": args.seq, "warmup": args.warmup, "iters": args.iters,
-            "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"meta": meta, "results": results}, fh, indent=2)
-    print(json.dumps(meta))
+    info = meta(torch, model="Llama 16 layers, hidden 2048, GQA 32/8 heads, vocab 32000 "
+                "(~1.1B), bf16", batch=args.batch, seq=args.seq, warmup=args.warmup,
+                iters=args.iters)
+    save(args.json, info, results)
     print(f"{'arm':<9}{'median ms':>10}{'std ms':>8}{'vs compile':>11}{'first call s':>13}"
           f"{'max|diff|':>11}")
     for r in results:

@@ -1,0 +1,30 @@
+"""Shared by the GPU benchmark scripts: a clean child environment and the results file."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+OURS = ("TORCHINDUCTOR_", "ROCM_AUTOPATCH", "INDUCTOR_")
+
+
+def child_env(**arm: str) -> Dict[str, str]:
+    """This environment without any variable that would change torch or us, plus ``arm``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OURS)}
+    env.update(arm)
+    return env
+
+
+def meta(torch: Any, **extra: Any) -> Dict[str, Any]:
+    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, **extra,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def save(path: Optional[str], info: Dict[str, Any], results: List[Dict[str, Any]]) -> None:
+    """Write the JSON file (when asked) and print the metadata line before the table."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"meta": info, "results": results}, fh, indent=2)
+    print(json.dumps(info))
