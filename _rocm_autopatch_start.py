@@ -12,11 +12,15 @@ raises.
 import os
 import sys
 
+# The one definition of ROCM_AUTOPATCH's values (the .pth line repeats OFF_VALUES so that
+# "off" loads nothing at all); rocm_autopatch.bootstrap reads them from here.
 ENV_MODE = "ROCM_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no")
+AUTO_VALUES = ("", "1", "on", "auto", "true", "yes")
+FORCE_VALUES = ("force",)
 # Values that need nothing more until torch is imported; anything else (an unknown value to
 # warn about) activates at once.
-WAIT_VALUES = ("", "1", "on", "auto", "true", "yes", "force")
+WAIT_VALUES = AUTO_VALUES + FORCE_VALUES
 
 
 class _Inert:

@@ -10,16 +10,14 @@ import _thread  # not threading: this can run during start-up, before threading 
 import os
 import sys
 
+import _rocm_autopatch_start
+from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
+
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are strings
 if TYPE_CHECKING:
     from typing import Optional
 
     from rocm_autopatch.importhook import PostImportFinder
-
-ENV_MODE = "ROCM_AUTOPATCH"
-OFF_VALUES = ("0", "off", "false", "no")
-AUTO_VALUES = ("", "1", "on", "auto", "true", "yes")
-FORCE_VALUES = ("force",)
 
 # Module imported by the program -> our callbacks, imported only when the module is.
 HOOKS = {
@@ -70,6 +68,4 @@ def activate() -> "Optional[PostImportFinder]":
 
 def start() -> None:
     """The start-up call, for code that has the package at hand (the launcher, the doctor)."""
-    import _rocm_autopatch_start
-
     _rocm_autopatch_start.start()
