@@ -7,7 +7,7 @@ One ``Report`` per process (``REPORT``), filled in by the hooks and read by
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # Statuses of a config entry.
 APPLIED = "applied"  # our value is now what torch reads
@@ -29,77 +29,71 @@ def jsonable(value: Any) -> Any:
 
 
 class _Fields:
-    """A small record type. Not a dataclass: creating four dataclasses cost ~2.5 ms at
-    ``import torch`` time (BENCHMARKS.md, hook cost)."""
+    """A small record type: fields are the class's annotations, defaults its attributes
+    (a list or dict default is copied per instance). Not a dataclass: creating four
+    dataclasses cost ~2.5 ms at ``import torch`` time (BENCHMARKS.md, hook cost)."""
 
-    _fields: Tuple[Tuple[str, Callable[[], Any]], ...] = ()
+    _fields: Tuple[str, ...] = ()
+
+    def __init_subclass__(cls) -> None:
+        cls._fields = tuple(name for name in cls.__annotations__ if not name.startswith("_"))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        names = [name for name, _ in self._fields]
-        kwargs.update(zip(names, args))
-        for name, default in self._fields:
-            setattr(self, name, kwargs.pop(name) if name in kwargs else default())
+        kwargs.update(zip(self._fields, args))
+        for name in self._fields:
+            if name in kwargs:
+                value = kwargs.pop(name)
+            else:
+                value = getattr(type(self), name)
+                if isinstance(value, (list, dict)):
+                    value = type(value)()
+            setattr(self, name, value)
         if kwargs:
             raise TypeError(f"unknown fields for {type(self).__name__}: {sorted(kwargs)}")
 
     def to_dict(self) -> Dict[str, Any]:
-        return {name: jsonable(getattr(self, name)) for name, _ in self._fields}
+        return {name: jsonable(getattr(self, name)) for name in self._fields}
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields)
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
         return f"{type(self).__name__}({inner})"
 
 
-def _const(value: Any) -> Callable[[], Any]:
-    return lambda: value
-
-
 class ConfigChange(_Fields):
-    key: str  # "inductor.max_autotune", "dynamo.recompile_limit"
-    before: Any
-    after: Any
-    source: str  # "profile", "override" or "environment"
-    status: str
-    reason: str
-    wanted: Any
-    torch_key: str  # the name the running torch uses, when it differs
-    _fields = (("key", _const("")), ("before", _const(None)), ("after", _const(None)),
-               ("source", _const("")), ("status", _const("")), ("reason", _const("")),
-               ("wanted", _const(None)), ("torch_key", _const("")))
+    key: str = ""  # "inductor.max_autotune", "dynamo.recompile_limit"
+    before: Any = None
+    after: Any = None
+    source: str = ""  # "profile", "override" or "environment"
+    status: str = ""
+    reason: str = ""
+    wanted: Any = None
+    torch_key: str = ""  # the name the running torch uses, when it differs
 
 
 class CompileRewrite(_Fields):
-    before: Dict[str, Any]
-    after: Dict[str, Any]
-    call_site: str
-    count: int
-    _fields = (("before", dict), ("after", dict), ("call_site", _const("")),
-               ("count", _const(1)))
+    before: Dict[str, Any] = {}
+    after: Dict[str, Any] = {}
+    call_site: str = ""
+    count: int = 1
 
 
 class Report(_Fields):
-    active: bool
-    platform: str  # "rocm", "cuda", "cpu" once torch is imported
-    forced: bool
-    mode: str
-    profile: str
-    torch_version: Optional[str]
-    hip_version: Optional[str]
-    reason: str
-    config: List[ConfigChange]
-    compile_rewrites: List[CompileRewrite]
-    fixes: Dict[str, Dict[str, str]]
-    errors: List[str]
-    warnings: List[str]
-    _fields = (("active", _const(False)), ("platform", _const("unknown")),
-               ("forced", _const(False)), ("mode", _const("unset")), ("profile", _const("safe")),
-               ("torch_version", _const(None)), ("hip_version", _const(None)),
-               ("reason", _const("torch not imported yet")), ("config", list),
-               ("compile_rewrites", list), ("fixes", dict), ("errors", list),
-               ("warnings", list))
+    active: bool = False
+    platform: str = "unknown"  # "rocm", "cuda", "cpu" once torch is imported
+    forced: bool = False
+    mode: str = "unset"
+    profile: str = "safe"
+    torch_version: Optional[str] = None
+    hip_version: Optional[str] = None
+    reason: str = "torch not imported yet"
+    config: List[ConfigChange] = []
+    compile_rewrites: List[CompileRewrite] = []
+    fixes: Dict[str, Dict[str, str]] = {}
+    errors: List[str] = []
+    warnings: List[str] = []
 
     def config_entry(self, key: str) -> Optional[ConfigChange]:
         for entry in self.config:
