@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
+
+from common import child_env
 
 CHILD = """
 import json, time
@@ -35,11 +36,8 @@ print(json.dumps({"wall_ms": wall * 1e3, "hooks_ms": {k: v * 1e3 for k, v in tim
 
 
 def once(mode: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_AUTOPATCH",
-                                                                     "TORCHINDUCTOR_"))}
-    env["ROCM_AUTOPATCH"] = mode
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                         env=env, check=True)
+                         env=child_env(ROCM_AUTOPATCH=mode), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

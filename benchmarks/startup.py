@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import child_env
 
 ARMS = ("with", "floor", "without")
 
@@ -63,8 +64,7 @@ def main() -> None:
     site = subprocess.run([args.python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
     arms = PthArms(Path(site.stdout.strip()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROCM_AUTOPATCH",
-                                                                       "TORCHINDUCTOR"))}
+    env = child_env()
     results: dict = {}
     try:
         for label, code, runs in (("python -c pass", "pass", args.runs),

@@ -11,6 +11,7 @@ no compile runs. ``ROCM_AUTOPATCH_COMPILE_WATCHDOG=SECONDS`` (``0`` turns it off
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import types
@@ -106,8 +107,6 @@ def _already_wrapped(func: Any) -> bool:
 
 
 def install(convert_frame: types.ModuleType) -> None:
-    import os
-
     seconds = threshold(os.environ.get(ENV, ""))
     with _lock:
         original = getattr(convert_frame, "_compile", None)
