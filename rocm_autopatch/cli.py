@@ -120,7 +120,8 @@ def _human(data: Dict[str, Any]) -> str:
     r = data["report"]
     inst = data["install"]
     out = ["rocm-autopatch doctor", "", "Install"]
-    out += [f"  {p}" for p in inst["files"]] or ["  no rocm_autopatch.pth found"]
+    # Paths are never wrapped: a user copies them, and a venv can be deeper than 80 columns.
+    out += [_Verbatim(f"  {p}") for p in inst["files"]] or ["  no rocm_autopatch.pth found"]
     out.append(f"  runs at start-up: {'yes' if inst['will_run'] else 'no'}; ran in this process: "
                f"{'yes' if inst['bootstrap_ran'] else 'no'}; ROCM_AUTOPATCH mode: {inst['mode']}")
     out += ["", "Platform",
@@ -156,11 +157,16 @@ def _human(data: Dict[str, Any]) -> str:
     return "\n".join(_fit(line) for line in out) + "\n"
 
 
+class _Verbatim(str):
+    """A doctor line printed as is, however long (an install path)."""
+
+
 def _fit(line: str, width: int = 80) -> str:
-    if len(line) <= width:
+    if len(line) <= width or isinstance(line, _Verbatim):
         return line
     indent = " " * (len(line) - len(line.lstrip()) + 4)
-    return textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False)
+    return textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -35,7 +35,9 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [line for line in lines if line in SECTIONS] == SECTIONS
-    assert max(len(line) for line in lines) <= 80
+    paths = {f"  {torch_venv.site / name}" for name in ("rocm_autopatch.pth",
+                                                        "rocm_autopatch.start")}
+    assert max(len(line) for line in lines if line not in paths) <= 80
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "\x1b[" not in proc.stdout  # no colour codes
     assert str(torch_venv.site / "rocm_autopatch.pth") in proc.stdout
@@ -48,6 +50,21 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     else:
         assert "active: no" in proc.stdout and "cpu build; nothing changed" in proc.stdout
         assert "applied" not in proc.stdout.split("Configuration")[1]
+
+
+def test_long_install_paths_are_printed_whole(torch_venv: Venv, tmp_path: Path) -> None:
+    """A venv deeper than 80 columns (CI's was): its paths stay copyable, the rest still fits."""
+    deep = tmp_path / ("d" * 90) / "venv"
+    deep.parent.mkdir()
+    deep.symlink_to(torch_venv.path)
+    proc = subprocess.run([str(deep / "bin" / "python"), "-m", "rocm_autopatch", "doctor"],
+                          capture_output=True, text=True, env=clean_env(), timeout=600,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    pth = f"  {deep / torch_venv.site.relative_to(torch_venv.path)}/rocm_autopatch.pth"
+    lines = proc.stdout.splitlines()
+    assert pth in lines and len(pth) > 80
+    assert max(len(line) for line in lines if "/site-packages/rocm_autopatch." not in line) <= 80
 
 
 def test_json_schema(torch_venv: Venv) -> None:
