@@ -4,10 +4,14 @@
 
 Needs rocm-autopatch installed in this Python. Two measures, each in fresh processes:
 - the time spent inside our hooks (``rocm_autopatch.importhook.timings``: our modules'
-  imports, wrapt, the config writes and read-backs, the guard), under ROCM_AUTOPATCH=force,
+  imports, the config writes and read-backs, the guard), under ROCM_AUTOPATCH=force,
   while the program runs ``import torch, torch._dynamo, torch._inductor.config``;
 - the wall time of that import line, force vs ROCM_AUTOPATCH=0, paired and alternated.
 Target: hooks under 5 ms in total. Prints medians, then one JSON line.
+
+The children run in an empty temporary directory: ``python -c`` puts the working
+directory first on sys.path, so run from a checkout they would time the source tree
+(compiled anew on every run where bytecode is not written) instead of the installed wheel.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 
 from common import child_env
 
@@ -25,20 +30,24 @@ import json, time
 start = time.perf_counter()
 import torch, torch._dynamo, torch._inductor.config
 wall = time.perf_counter() - start
-timings = {}
+timings, where = {}, None
 try:
     from rocm_autopatch import importhook
-    timings = dict(importhook.timings)
+    timings, where = dict(importhook.timings), importhook.__file__
 except ImportError:
     pass
-print(json.dumps({"wall_ms": wall * 1e3, "hooks_ms": {k: v * 1e3 for k, v in timings.items()}}))
+print(json.dumps({"wall_ms": wall * 1e3, "hooks_ms": {k: v * 1e3 for k, v in timings.items()},
+                  "from": where}))
 """
 
 
-def once(mode: str) -> dict:
+def once(mode: str, cwd: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                         env=child_env(ROCM_AUTOPATCH=mode), check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                         env=child_env(ROCM_AUTOPATCH=mode), check=True, cwd=cwd)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if mode != "0" and "site-packages" not in (result["from"] or ""):
+        sys.exit(f"rocm-autopatch not loaded from an installed wheel: {result['from']}")
+    return result
 
 
 def main() -> None:
@@ -46,9 +55,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     forced, off = [], []
-    for _ in range(args.runs):
-        forced.append(once("force"))
-        off.append(once("0"))
+    with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(args.runs):
+            forced.append(once("force", cwd))
+            off.append(once("0", cwd))
     per_hook = {k: statistics.median(r["hooks_ms"].get(k, 0.0) for r in forced)
                 for k in forced[0]["hooks_ms"]}
     total = statistics.median(sum(r["hooks_ms"].values()) for r in forced)

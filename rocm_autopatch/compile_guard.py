@@ -3,18 +3,24 @@ rewritten to safe ones, and nothing else changed.
 
 Per-call ``mode``/``options`` beat the global config (FINDINGS), so Inductor CUDA graphs
 asked for by ``mode="reduce-overhead"``, ``mode="max-autotune"`` or
-``options={"triton.cudagraphs": True}`` would survive the profile. The wrapper (wrapt)
-sees every call form: ``torch.compile(...)``, ``@torch.compile``, ``nn.Module.compile``
-and ``torch.compiler.compile`` all call through the ``torch.compile`` attribute.
+``options={"triton.cudagraphs": True}`` would survive the profile. The wrapper sees every
+call form: ``torch.compile(...)``, ``@torch.compile``, ``nn.Module.compile`` and
+``torch.compiler.compile`` all call through the ``torch.compile`` attribute.
+
+The wrapper is a plain function made with ``functools.wraps``, not a wrapt proxy: it is
+a real function like the original (same name, module, doc, signature through
+``__wrapped__``, pickled by reference), and wrapt's import alone cost ~5 ms, more than the
+whole hook budget (BENCHMARKS.md, hook time).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 from rocm_autopatch import log, record
 
@@ -64,10 +70,9 @@ def rewrite(kwargs: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def _call_site() -> str:
-    """file:line of the first caller outside torch, wrapt, functools and this package."""
+    """file:line of the first caller outside torch, functools and this package."""
     frame = sys._getframe(2)
-    skip = (_HERE, os.sep + "torch" + os.sep, os.sep + "wrapt" + os.sep,
-            os.sep + "functools.py")
+    skip = (_HERE, os.sep + "torch" + os.sep, os.sep + "functools.py")
     while frame is not None:
         filename = frame.f_code.co_filename
         if not any(part in filename for part in skip):
@@ -98,28 +103,26 @@ def _fmt(kwargs: Dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "defaults"
 
 
-def _guard(wrapped: Any, instance: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    new = None if graphs_allowed() else rewrite(kwargs)
-    if new is None:
-        return wrapped(*args, **kwargs)
-    _note(kwargs, new, _call_site())
-    return wrapped(*args, **new)
+_MARK = "__rocm_autopatch_guard__"
 
 
-def _guard_class() -> type:
-    import wrapt
+def guard(original: Any) -> Any:
+    """``original`` (torch.compile) behind the guard."""
 
-    class GuardedCompile(wrapt.FunctionWrapper):  # type: ignore[misc]
-        """torch.compile behind the guard; pickles by reference like the original."""
+    @functools.wraps(original)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        new = None if graphs_allowed() else rewrite(kwargs)
+        if new is None:
+            return original(*args, **kwargs)
+        _note(kwargs, new, _call_site())
+        return original(*args, **new)
 
-        def __reduce_ex__(self, protocol: int) -> str:
-            return self.__wrapped__.__qualname__
-
-    return GuardedCompile
+    setattr(compile, _MARK, True)
+    return compile
 
 
 def is_guarded(fn: Any) -> bool:
-    return type(fn).__name__ == "GuardedCompile" and type(fn).__module__ == __name__
+    return getattr(fn, _MARK, False) is True
 
 
 def install(torch: ModuleType) -> None:
@@ -132,7 +135,7 @@ def install(torch: ModuleType) -> None:
             return
         if is_guarded(current):
             return
-        torch.compile = _guard_class()(current, _guard)
+        torch.compile = guard(current)
         record.REPORT.fixes["compile_guard"] = {
             "status": record.APPLIED,
             "reason": "torch.compile rewrites: " + ", ".join(

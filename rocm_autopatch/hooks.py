@@ -78,10 +78,15 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import config_applier, overrides
+    from rocm_autopatch import config_applier
 
     profile = record.REPORT.profile
-    found = overrides.read(module, warn=log.warn_once) if namespace == "inductor" else {}
+    found = {}
+    # Loaded only when such a variable is set: one module less on every other start.
+    if namespace == "inductor" and any(var.startswith("INDUCTOR_") for var in os.environ):
+        from rocm_autopatch import overrides
+
+        found = overrides.read(module, warn=log.warn_once)
     changes = config_applier.apply(module, namespace, profile, found, log.warn_once)
     logger = log.get_logger()
     for change in changes:

@@ -6,7 +6,7 @@ shim put in front of the target::
 
     python [flags] -c "<shim>" script.py args...
 
-The shim appends the directory holding rocm-autopatch (and wrapt) to the *end* of
+The shim appends the directory holding rocm-autopatch to the *end* of
 ``sys.path`` where it is missing, runs the start-up call, and then runs the target the way
 the interpreter itself would: same ``sys.argv``, ``sys.path[0]``, ``__main__`` module,
 exit status, and a traceback without our frames. Commands that are not a Python
@@ -91,17 +91,11 @@ def is_python(executable: str) -> bool:
 
 
 def _import_dirs() -> List[str]:
-    """Where rocm_autopatch, the start-up module and wrapt live (for the shim's sys.path)."""
+    """Where rocm_autopatch and the start-up module live (for the shim's sys.path)."""
     import _rocm_autopatch_start
 
     dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             os.path.dirname(os.path.abspath(_rocm_autopatch_start.__file__))]
-    try:
-        import wrapt
-
-        dirs.append(os.path.dirname(os.path.dirname(os.path.abspath(wrapt.__file__))))
-    except ImportError:
-        pass
     return list(dict.fromkeys(dirs))
 
 

@@ -82,6 +82,6 @@ def make_venv(path: Path, packages: List[str]) -> None:
 def torch_venv(wheel: Path) -> Iterator[Venv]:
     """A venv with torch 2.13 (cached across sessions) and this checkout's wheel."""
     path = Path(os.environ.get("ROCM_AUTOPATCH_TEST_VENV", ROOT / ".cache" / "venv-torch"))
-    make_venv(path, [TORCH_PIN, "numpy", "wrapt", "transformers"])
+    make_venv(path, [TORCH_PIN, "numpy", "transformers"])
     pip(str(path / "bin" / "python"), "--force-reinstall", "--no-deps", str(wheel))
     yield Venv(path)

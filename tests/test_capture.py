@@ -9,8 +9,12 @@ tests/gpu/gpu_checks.py (TESTING.md).
 from __future__ import annotations
 
 import json
+import types
 
+import pytest
 from conftest import ROOT, Venv
+
+from rocm_autopatch import capture_fix
 
 INSTALLED = """
 import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
@@ -73,3 +77,12 @@ print(json.dumps({"raised": raised}))
     assert "Warm the compiled function up" in message and "Cannot copy between" in message
     plain = torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
     assert plain["raised"][0] != "CompiledDuringCaptureError"
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("2.13.0+cpu", (2, 13)), ("2.11.0a0+git1234", (2, 11)), ("2.9.1+rocm6.4", (2, 9)),
+    ("10.2rc1", (10, 2)), ("2", (0, 0)), ("", (0, 0)), ("v2.13", (0, 0)), ("2.x", (0, 0)),
+])
+def test_torch_version_is_read_from_release_strings(version: str, expected: tuple) -> None:
+    """Which builds need the RNG fix is decided from this (the fix is needed below 2.10)."""
+    assert capture_fix.torch_version(types.SimpleNamespace(__version__=version)) == expected

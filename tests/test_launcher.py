@@ -28,7 +28,8 @@ if "--fail" in sys.argv:
 
 PATCHED = """
 import json, sys, torch, torch._inductor.config as ic, rocm_autopatch
-print(json.dumps({"guard": type(torch.compile).__name__, "max_autotune": ic.max_autotune,
+print(json.dumps({"guard": torch.compile.__code__.co_filename.rsplit("/", 1)[-1],
+                  "max_autotune": ic.max_autotune,
                   "backends": ic.max_autotune_gemm_backends, "no_site": sys.flags.no_site,
                   "profile": rocm_autopatch.report().profile, "argv": sys.argv}))
 """
@@ -86,7 +87,7 @@ def test_python_S_target_gets_the_package(torch_venv: Venv, project: Path) -> No
     assert direct.returncode != 0 and "No module named" in direct.stderr  # no site, no torch
     out = last_json(run(torch_venv, ["-S", "scripts/patched.py", "q"], launcher=True,
                         cwd=project))
-    assert out == {"guard": "GuardedCompile", "max_autotune": False, "backends": "ATEN",
+    assert out == {"guard": "compile_guard.py", "max_autotune": False, "backends": "ATEN",
                    "no_site": 1, "profile": "safe", "argv": ["scripts/patched.py", "q"]}
 
 
