@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -15,6 +17,14 @@ def child_env(**arm: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(OURS)}
     env.update(arm)
     return env
+
+
+@functools.cache
+def child_cwd() -> str:
+    """An empty directory for the children to run in. ``python -c``/``-m`` put the working
+    directory first on sys.path: run from the checkout, a child would load the source tree
+    (compiled anew each run where bytecode is not written) instead of the installed wheel."""
+    return tempfile.mkdtemp(prefix="rocm-autopatch-bench-")
 
 
 def meta(torch: Any, **extra: Any) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from common import child_env, meta, save
+from common import child_cwd, child_env, meta, save
 
 CHILD = r"""
 import json, sys, time, torch
@@ -73,7 +73,7 @@ def run_arm(name: str, shapes: int, limit: float) -> dict:
         start = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, "-c", CHILD, str(shapes)], env=env,
-                                  capture_output=True, text=True, timeout=limit)
+                                  capture_output=True, text=True, timeout=limit, cwd=child_cwd())
         except subprocess.TimeoutExpired:
             return {"arm": name, "status": "did not finish", "wall_s": limit}
         wall = time.perf_counter() - start

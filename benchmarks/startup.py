@@ -21,21 +21,22 @@ import sys
 import time
 from pathlib import Path
 
-from common import child_env
+from common import child_cwd, child_env
 
 ARMS = ("with", "floor", "without")
 
 
 def _time(python: str, code: str, env: dict) -> float:
     start = time.perf_counter()
-    subprocess.run([python, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([python, "-c", code], check=True, env=env, stdout=subprocess.DEVNULL,
+                   cwd=child_cwd())
     return time.perf_counter() - start
 
 
 def _torch_modules(python: str, env: dict) -> int:
     out = subprocess.run([python, "-c", "import sys, torch; print(len([m for m in sys.modules "
                           "if m.startswith('torch')]))"], capture_output=True, text=True,
-                         env=env, check=True)
+                         env=env, check=True, cwd=child_cwd())
     return int(out.stdout.strip())
 
 

@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 
-from common import child_env, meta, save
+from common import child_cwd, child_env, meta, save
 
 CHILD = r"""
 import json, statistics, sys, time, torch
@@ -89,7 +89,8 @@ def main() -> None:
         try:
             proc = subprocess.run([sys.executable, "-c", CHILD, arm, str(args.batch),
                                    str(args.seq), str(args.warmup), str(args.iters)],
-                                  env=env, capture_output=True, text=True, timeout=args.timeout)
+                                  env=env, capture_output=True, text=True, timeout=args.timeout,
+                                  cwd=child_cwd())
         except subprocess.TimeoutExpired:
             results.append({"arm": arm, "status": "did not finish"})
             continue

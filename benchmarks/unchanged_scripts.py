@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import child_env
+from common import child_cwd, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTED = (
@@ -32,7 +32,7 @@ def run_reported(script: str) -> dict:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", REPORTED, str(ROOT / script)],
                           capture_output=True, text=True,
-                          env=child_env(ROCM_AUTOPATCH="force"), timeout=900)
+                          env=child_env(ROCM_AUTOPATCH="force"), timeout=900, cwd=child_cwd())
     lines = proc.stdout.splitlines()
     report = next((json.loads(line[7:]) for line in lines if line.startswith("REPORT ")), None)
     return {"script": script, "rc": proc.returncode, "wall_s": time.perf_counter() - start,
@@ -46,7 +46,7 @@ def run_torchrun(nproc: int) -> dict:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run",
                            f"--nproc-per-node={nproc}", str(ROOT / "examples/torchrun_compile.py")],
-                          capture_output=True, text=True, timeout=900,
+                          capture_output=True, text=True, timeout=900, cwd=child_cwd(),
                           env=child_env(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_LOG="info"))
     lines = proc.stdout.splitlines()
     return {"script": f"examples/torchrun_compile.py (torchrun x{nproc})", "rc": proc.returncode,
