@@ -53,9 +53,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     forced, off = [], []
-    for _ in range(args.runs):
+    for i in range(args.runs):
         forced.append(once("force"))
         off.append(once("0"))
+        print(f"run {i + 1}/{args.runs}: hooks {sum(forced[-1]['hooks_ms'].values()):.2f} ms, "
+              f"import {forced[-1]['wall_ms']:.0f} vs {off[-1]['wall_ms']:.0f} ms",
+              file=sys.stderr, flush=True)
     per_hook = {k: statistics.median(r["hooks_ms"].get(k, 0.0) for r in forced)
                 for k in forced[0]["hooks_ms"]}
     total = statistics.median(sum(r["hooks_ms"].values()) for r in forced)
