@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("python")
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
+    # Absolute, not resolved: a venv's python is a symlink whose target is outside the venv.
+    args.python = os.path.abspath(args.python)
     site = subprocess.run([args.python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True, check=True)
     arms = PthArms(Path(site.stdout.strip()))

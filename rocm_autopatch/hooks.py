@@ -14,7 +14,8 @@ import threading
 from types import ModuleType
 from typing import Optional, Set, Tuple
 
-from rocm_autopatch import bootstrap, importhook, log, probe, profiles, record
+# Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
+from rocm_autopatch import bootstrap, importhook, probe, record
 
 _lock = threading.RLock()
 _decided = False
@@ -22,6 +23,8 @@ _configured: Set[Tuple[str, int, int]] = set()
 
 
 def _profile() -> str:
+    from rocm_autopatch import log, profiles
+
     raw = os.environ.get(profiles.ENV_PROFILE, "")
     name = raw.strip().lower() or profiles.DEFAULT_PROFILE
     if name not in profiles.PROFILES:
@@ -78,7 +81,7 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import config_applier
+    from rocm_autopatch import config_applier, log
 
     profile = record.REPORT.profile
     found = {}
