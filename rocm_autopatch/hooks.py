@@ -1,9 +1,10 @@
 """What runs when each torch module is first imported (wired up in ``bootstrap.HOOKS``).
 
 ``on_torch`` decides, once, whether this process is patched (a ROCm build, or
-``ROCM_AUTOPATCH=force``); on any other build it removes the import hook and changes
-nothing. The other hooks apply the configuration and fixes to the module just imported,
-so Dynamo and Inductor are never imported early. Each is idempotent.
+``ROCM_AUTOPATCH=force``); on any other build the import hook stops watching and nothing
+is changed or loaded beyond this module, ``probe`` and ``record``. The other hooks apply
+the configuration and fixes to the module just imported, so Dynamo and Inductor are never
+imported early. Each is idempotent.
 """
 
 from __future__ import annotations
