@@ -19,6 +19,7 @@ with a cryptic capture error is re-raised as a clear one (warm up before capturi
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from types import ModuleType
@@ -40,7 +41,6 @@ CAPTURE_ERRORS = (
     "cudaErrorStreamCaptureInvalidated",
 )
 
-
 class CompiledDuringCaptureError(RuntimeError):
     """A function was compiled for the first time inside CUDA/HIP graph capture."""
 
@@ -48,11 +48,9 @@ class CompiledDuringCaptureError(RuntimeError):
 def torch_version(torch: ModuleType) -> Tuple[int, int]:
     """(major, minor) of ``torch.__version__``; (0, 0) when it can't be read."""
     # Not a regex: compiling one costs ~0.1 ms on the import path, half this hook's work.
-    parts = str(getattr(torch, "__version__", "")).split(".")
-    digits = ["".join(itertools.takewhile(str.isdigit, p)) for p in parts[:2]]
-    if len(digits) < 2 or not digits[0] or not digits[1] or digits[0] != parts[0]:
-        return (0, 0)
-    return (int(digits[0]), int(digits[1]))
+    major, _, rest = str(getattr(torch, "__version__", "")).partition(".")
+    minor = "".join(itertools.takewhile(str.isdecimal, rest))
+    return (int(major), int(minor)) if major.isdecimal() and minor else (0, 0)
 
 
 def _capturing(torch: ModuleType) -> bool:
@@ -113,10 +111,9 @@ def make_wrapper(torch: ModuleType, original: Callable[..., Any], skip_rng: bool
                 raise
             raise clear from exc
 
-    _compile.__wrapped__ = original  # type: ignore[attr-defined]
-    _compile.__name__ = getattr(original, "__name__", "_compile")
-    _compile.__qualname__ = getattr(original, "__qualname__", "_compile")
-    _compile.__doc__ = getattr(original, "__doc__", None)
+    # Name, doc and __wrapped__ of the original; __module__ stays ours (where the code is).
+    functools.update_wrapper(_compile, original, assigned=("__name__", "__qualname__",
+                                                           "__doc__"), updated=())
     _compile._rocm_autopatch = True  # type: ignore[attr-defined]
     return _compile
 

@@ -88,7 +88,7 @@ def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
-        os.environ["ROCM_AUTOPATCH_PROFILE"] = profile  # this process only
+        os.environ[profiles.ENV_PROFILE] = profile  # this process only
     from rocm_autopatch import bootstrap, probe, record
 
     data: Dict[str, Any] = {"install": install_info(), "python": sys.version.split()[0]}
@@ -103,9 +103,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     torch_module = sys.modules.get("torch")
     if report["platform"] == "unknown" and torch_module is not None:
         # The hooks did not run (ROCM_AUTOPATCH=0): the doctor still says what torch is.
-        report["platform"] = probe.platform_of(torch_module)
-        report["torch_version"] = str(getattr(torch_module, "__version__", "unknown"))
-        report["hip_version"] = getattr(getattr(torch_module, "version", None), "hip", None)
+        report.update(probe.torch_build(torch_module))
     if data["install"]["mode"] == "off":
         report["reason"] = f"turned off by {bootstrap.ENV_MODE}={os.environ[bootstrap.ENV_MODE]}"
     data["report"] = report
@@ -174,12 +172,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     doctor = sub.add_parser("doctor", help="show what is installed, detected and changed")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    doctor.add_argument("--profile", choices=("safe", "perf"),
+    doctor.add_argument("--profile", choices=tuple(profiles.PROFILES),
                         help="show what this profile would do (this process only)")
     run = sub.add_parser(
         "run", help="run a Python command with rocm-autopatch applied, even under python -S",
         usage="rocm-autopatch run [--profile P] -- python [flags] script.py|-m mod args...")
-    run.add_argument("--profile", choices=("safe", "perf"), help="the profile for the target")
+    run.add_argument("--profile", choices=tuple(profiles.PROFILES),
+                     help="the profile for the target")
     run.add_argument("target", nargs=argparse.REMAINDER, help="the command to run")
     try:
         args = parser.parse_args(argv)

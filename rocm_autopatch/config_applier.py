@@ -91,8 +91,9 @@ def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: s
     for var in setting.env:
         if var not in os.environ or before == wanted:
             continue
-        name = setting.key.split(".", 1)[1]
-        keep = "INDUCTOR_" + name.upper().replace(".", "__")
+        from rocm_autopatch.overrides import var_name  # only on this warning's path
+
+        keep = var_name(setting.key.split(".", 1)[1])
         warn(("env", var), f"{var}={os.environ[var]} is set in this environment (container "
              f"images do this); the {profile} profile sets {setting.key}={wanted!r} instead: "
              f"{setting.reason}. To keep it, set {keep}={os.environ[var]}.")

@@ -24,7 +24,6 @@ import sys
 import types
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-ENV_PROFILE = "ROCM_AUTOPATCH_PROFILE"
 # Python's own options: those that take a value, and the flags that don't.
 _WITH_VALUE = "WX"
 _FLAGS = "bBdEhiIOPqsSuvVx"
@@ -125,7 +124,9 @@ def command(argv: Sequence[str]) -> List[str]:
 def main(argv: Sequence[str], profile: Optional[str]) -> NoReturn:
     env = dict(os.environ)
     if profile:
-        env[ENV_PROFILE] = profile
+        from rocm_autopatch import profiles  # here: the target process imports this module
+
+        env[profiles.ENV_PROFILE] = profile
     new = command(argv)
     try:
         os.execvpe(new[0], new, env)

@@ -13,9 +13,9 @@ import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rocm_autopatch import config_applier
+from rocm_autopatch import config_applier, profiles
 
-PREFIX = "INDUCTOR_"
+PREFIX = profiles.OVERRIDE_PREFIX
 # Seed 000's names whose key isn't simply the upper-cased name.
 ALIASES = {"INDUCTOR_COORD_DESCENT": "coordinate_descent_tuning"}
 TRUE_WORDS = ("1", "true", "on", "yes")
@@ -30,12 +30,17 @@ def config_keys(module: ModuleType) -> List[str]:
     return sorted(k for k in getattr(module, "_allowed_keys", ()) if not k.startswith("_"))
 
 
+def var_name(key: str) -> str:
+    """The variable for Inductor ``key``: triton.cudagraphs -> INDUCTOR_TRITON__CUDAGRAPHS."""
+    return PREFIX + key.upper().replace(".", "__")
+
+
 def env_names(keys: List[str]) -> Dict[str, str]:
     """Env variable name -> config key, for every key."""
     names: Dict[str, str] = {}
     loose: Dict[str, List[str]] = {}
     for key in keys:
-        names[PREFIX + key.upper().replace(".", "__")] = key
+        names[var_name(key)] = key
         loose.setdefault(PREFIX + key.upper().replace(".", "_"), []).append(key)
     for name, owners in loose.items():
         if name not in names and len(owners) == 1:
@@ -126,8 +131,6 @@ def read(module: ModuleType, environ: Optional[Mapping[str, str]] = None,
     ``warn(key, message)`` is called once per bad variable; the variable is then ignored.
     """
     environ = os.environ if environ is None else environ
-    if not any(var.startswith(PREFIX) for var in environ):
-        return {}  # the common case: skip naming all ~600 keys (about 1 ms)
     keys = config_keys(module)
     names = env_names(keys)
     found: Dict[str, Tuple[Any, str]] = {}

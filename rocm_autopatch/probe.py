@@ -35,6 +35,13 @@ def platform_of(torch: ModuleType) -> str:
     return "cpu"
 
 
+def torch_build(torch: ModuleType) -> Dict[str, Optional[str]]:
+    """The report's description of ``torch``: platform, version and HIP version."""
+    return {"platform": platform_of(torch),
+            "torch_version": str(getattr(torch, "__version__", "unknown")),
+            "hip_version": getattr(getattr(torch, "version", None), "hip", None)}
+
+
 def gfx_name(target_version: int) -> str:
     """KFD's gfx_target_version (e.g. 90402) -> "gfx942"; minor/stepping are hex digits."""
     major, rest = divmod(target_version, 10000)

@@ -14,6 +14,8 @@ from typing import Any, Dict, NamedTuple, Tuple
 
 ENV_PROFILE = "ROCM_AUTOPATCH_PROFILE"
 DEFAULT_PROFILE = "safe"
+# INDUCTOR_<KEY> sets an Inductor key over the profile's value (rocm_autopatch/overrides.py).
+OVERRIDE_PREFIX = "INDUCTOR_"
 
 
 class Setting(NamedTuple):

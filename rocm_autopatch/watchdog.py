@@ -10,6 +10,7 @@ no compile runs. ``ROCM_AUTOPATCH_COMPILE_WATCHDOG=SECONDS`` (``0`` turns it off
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sys
@@ -91,9 +92,9 @@ def make_wrapper(original: Callable[..., Any], seconds: float) -> Any:
         finally:
             timer.cancel()
 
-    _compile.__wrapped__ = original  # type: ignore[attr-defined]
-    for attr in ("__name__", "__qualname__", "__doc__"):
-        setattr(_compile, attr, getattr(original, attr, None) or "_compile")
+    # Name, doc and __wrapped__ of the original; __module__ stays ours (where the code is).
+    functools.update_wrapper(_compile, original, assigned=("__name__", "__qualname__",
+                                                           "__doc__"), updated=())
     _compile._rocm_autopatch_watchdog = True  # type: ignore[attr-defined]
     return _compile
 
