@@ -1,16 +1,24 @@
 """The compile guard: ``torch.compile`` with the modes and options that are unsafe on ROCm
 rewritten to safe ones, and nothing else changed.
 
-Per-call ``mode``/``options`` beat the global config (FINDINGS), so Inductor CUDA graphs
-asked for by ``mode="reduce-overhead"``, ``mode="max-autotune"`` or
-``options={"triton.cudagraphs": True}`` would survive the profile. The wrapper sees every
-call form: ``torch.compile(...)``, ``@torch.compile``, ``nn.Module.compile`` and
-``torch.compiler.compile`` all call through the ``torch.compile`` attribute.
+Per-call ``mode``/``options`` beat the global config (torch's ``list_mode_options``), so
+Inductor CUDA graphs and autotuning asked for in code would survive the profile. What is
+rewritten (``rewrite``):
 
-The wrapper is a plain function made with ``functools.wraps``, not a wrapt proxy: it is
-a real function like the original (same name, module, doc, signature through
-``__wrapped__``, pickled by reference), and wrapt's import alone cost ~5 ms, more than the
-whole hook budget (BENCHMARKS.md, hook time).
+- CUDA graphs, both profiles: ``reduce-overhead`` -> ``default``, ``max-autotune`` drops its
+  graphs, truthy ``triton.cudagraphs``/``triton.cudagraph_trees`` options are dropped.
+  Kept with ``ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS=1``.
+- Autotuning, ``safe`` only: ``max-autotune`` and ``max-autotune-no-cudagraphs`` ->
+  ``default``; truthy ``max_autotune``, ``max_autotune_gemm``, ``max_autotune_pointwise``,
+  ``coordinate_descent_tuning`` options dropped. ``perf`` keeps tuning asked for in code
+  (without graphs); ``INDUCTOR_MAX_AUTOTUNE=1`` keeps it under ``safe`` too.
+
+Backends other than Inductor, unknown modes and options we don't know pass unchanged.
+The wrapper sees every call form: ``torch.compile(...)``, ``@torch.compile``,
+``nn.Module.compile`` and ``torch.compiler.compile`` all call through the ``torch.compile``
+attribute. It is a plain function made with ``functools.wraps``, not a wrapt proxy: a
+real function like the original (name, module, doc, signature through ``__wrapped__``,
+pickled by reference); wrapt's import alone cost ~5 ms (BENCHMARKS.md, hook time).
 """
 
 from __future__ import annotations
@@ -20,53 +28,104 @@ import os
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from rocm_autopatch import log, record
+from rocm_autopatch import log, profiles, record
 
 ENV_ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
+ENV_KEEP_TUNING = profiles.OVERRIDE_PREFIX + "MAX_AUTOTUNE"
+TRUE_WORDS = ("1", "true", "on", "yes")
+FALSE_WORDS = ("", "0", "false", "off", "no")
 
-# mode asked for -> mode passed on. Same for both profiles: graphs are a safety matter.
-MODE_REWRITES: Dict[str, str] = {
-    "reduce-overhead": "default",
-    "max-autotune": "max-autotune-no-cudagraphs",
+
+class Policy(NamedTuple):
+    """What this process lets through: decided per call from the environment."""
+
+    graphs: bool  # Inductor CUDA graphs allowed
+    tuning: bool  # autotuning asked for in code allowed
+
+
+# torch's modes as (CUDA graphs, autotuning) (torch/_inductor/__init__.py list_mode_options).
+MODES: Dict[str, Tuple[bool, bool]] = {
+    "default": (False, False),
+    "reduce-overhead": (True, False),
+    "max-autotune-no-cudagraphs": (False, True),
+    "max-autotune": (True, True),
 }
-# options that turn Inductor CUDA graphs on per call: dropped when truthy.
+MODE_OF = {flags: mode for mode, flags in MODES.items()}
+# options that turn Inductor CUDA graphs / autotuning on per call: dropped when truthy.
 GRAPH_OPTIONS = ("triton.cudagraphs", "triton.cudagraph_trees")
+TUNING_OPTIONS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
+                  "coordinate_descent_tuning")
 INDUCTOR_BACKENDS = (None, "inductor")
+
+WHY_GRAPHS = ("Inductor CUDA graphs can record work silently and give wrong results on "
+              "ROCm (pytorch#185074, pytorch#187715)")
+WHY_TUNING = ("autotuning on ROCm crashes with memory access faults (ROCm/pytorch#3548), "
+              "invalidates graph capture (pytorch#193735) and can take minutes per compile")
 
 _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def graphs_allowed() -> bool:
-    raw = os.environ.get(ENV_ALLOW_GRAPHS, "")
+def _flag(var: str, what_if_bad: str) -> bool:
+    raw = os.environ.get(var, "")
     value = raw.strip().lower()
-    if value in ("", "0", "false", "off", "no"):
+    if value in FALSE_WORDS:
         return False
-    if value in ("1", "true", "on", "yes"):
+    if value in TRUE_WORDS:
         return True
-    log.warn_once(("env", ENV_ALLOW_GRAPHS), f"{ENV_ALLOW_GRAPHS}={raw!r} is not understood; "
-                  "accepted: 1/true/on/yes or 0/false/off/no. CUDA graphs stay off.")
+    log.warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: 1/true/on/yes "
+                  f"or 0/false/off/no. {what_if_bad}")
     return False
 
 
-def rewrite(kwargs: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The kwargs to pass on instead of ``kwargs``, or None when nothing is unsafe."""
+def graphs_allowed() -> bool:
+    return _flag(ENV_ALLOW_GRAPHS, "CUDA graphs stay off.")
+
+
+def policy() -> Policy:
+    """The escape hatches and the profile, read from the environment on each call."""
+    profile = record.REPORT.profile
+    tuning = profile == "perf" or _flag(ENV_KEEP_TUNING, "Autotuning stays off.")
+    return Policy(graphs=graphs_allowed(), tuning=tuning)
+
+
+def _truthy(options: Dict[str, Any], keys: Tuple[str, ...]) -> List[str]:
+    return [k for k in keys if options.get(k)]
+
+
+SAFE_POLICY = Policy(graphs=False, tuning=False)
+
+
+def rewrite(kwargs: Dict[str, Any], allowed: Policy = SAFE_POLICY
+            ) -> Optional[Tuple[Dict[str, Any], Tuple[str, ...]]]:
+    """(the kwargs to pass on instead of ``kwargs``, what was removed: "graphs"/"tuning"),
+    or None when nothing is unsafe."""
     if kwargs.get("backend") not in INDUCTOR_BACKENDS:
         return None  # eager, aot_eager, cudagraphs, a user callable: not ours to touch
     mode = kwargs.get("mode")
     options = kwargs.get("options")
     new = dict(kwargs)
-    changed = False
-    if isinstance(mode, str) and mode in MODE_REWRITES:
-        new["mode"] = MODE_REWRITES[mode]
-        changed = True
-    if isinstance(options, dict) and any(options.get(k) for k in GRAPH_OPTIONS):
-        new["options"] = {k: v for k, v in options.items()
-                          if not (k in GRAPH_OPTIONS and v)}
-        changed = True
-    return new if changed else None
+    removed: Dict[str, None] = {}
+    if isinstance(mode, str) and mode in MODES:
+        graphs, tuning = MODES[mode]
+        if graphs and not allowed.graphs:
+            removed["graphs"] = None
+        if tuning and not allowed.tuning:
+            removed["tuning"] = None
+        new["mode"] = MODE_OF[(graphs and allowed.graphs, tuning and allowed.tuning)]
+    if isinstance(options, dict):
+        drop = [] if allowed.graphs else _truthy(options, GRAPH_OPTIONS)
+        removed.update(dict.fromkeys(["graphs"] if drop else []))
+        tuning = [] if allowed.tuning else _truthy(options, TUNING_OPTIONS)
+        removed.update(dict.fromkeys(["tuning"] if tuning else []))
+        if drop or tuning:
+            kept = {k: v for k, v in options.items() if k not in drop and k not in tuning}
+            new["options"] = kept or None
+    if new == kwargs:
+        return None
+    return new, tuple(removed)
 
 
 def _call_site() -> str:
@@ -85,18 +144,39 @@ def _describe(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return {k: kwargs[k] for k in ("mode", "options") if kwargs.get(k) is not None}
 
 
-def _note(before: Dict[str, Any], after: Dict[str, Any], site: str) -> None:
+def _why(removed: Tuple[str, ...]) -> str:
+    why = []
+    if "graphs" in removed:
+        why.append(WHY_GRAPHS)
+    if "tuning" in removed:
+        why.append(WHY_TUNING)
+    return "; ".join(why)
+
+
+def _how_to_keep(removed: Tuple[str, ...]) -> str:
+    keep = []
+    if "tuning" in removed:
+        keep.append(f"to keep autotuning set {ENV_KEEP_TUNING}=1 or "
+                    f"{profiles.ENV_PROFILE}=perf")
+    if "graphs" in removed:
+        keep.append(f"to keep CUDA graphs set {ENV_ALLOW_GRAPHS}=1")
+    return "; ".join(keep) + " (ROCM_AUTOPATCH=0 turns rocm-autopatch off)"
+
+
+def _note(before: Dict[str, Any], after: Dict[str, Any], site: str,
+          removed: Tuple[str, ...]) -> None:
     b, a = _describe(before), _describe(after)
     with record.LOCK:
         for item in record.REPORT.compile_rewrites:
             if item.before == b and item.after == a and item.call_site == site:
                 item.count += 1
                 return
-        record.REPORT.compile_rewrites.append(record.CompileRewrite(b, a, site))
+        record.REPORT.compile_rewrites.append(
+            record.CompileRewrite(b, a, site, reason=_why(removed)))
     log.warn_once(("rewrite", repr(b), site),
                   f"torch.compile({_fmt(b)}) at {site} runs as torch.compile({_fmt(a)}): "
-                  "Inductor CUDA graphs hang or give wrong results on ROCm. To keep the "
-                  f"original, set {ENV_ALLOW_GRAPHS}=1 (or ROCM_AUTOPATCH=0).")
+                  f"{_why(removed)}. {_how_to_keep(removed)[0].upper()}"
+                  f"{_how_to_keep(removed)[1:]}.")
 
 
 def _fmt(kwargs: Dict[str, Any]) -> str:
@@ -111,10 +191,11 @@ def guard(original: Any) -> Any:
 
     @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:
-        new = None if graphs_allowed() else rewrite(kwargs)
-        if new is None:
+        found = rewrite(kwargs, policy())
+        if found is None:
             return original(*args, **kwargs)
-        _note(kwargs, new, _call_site())
+        new, removed = found
+        _note(kwargs, new, _call_site(), removed)
         return original(*args, **new)
 
     setattr(compile, _MARK, True)
@@ -136,9 +217,16 @@ def install(torch: ModuleType) -> None:
         if is_guarded(current):
             return
         torch.compile = guard(current)
+        allowed = policy()
+        rewrites = {mode: rewrite({"mode": mode}, allowed) for mode in MODES}
+        tuning = allowed.tuning
         record.REPORT.fixes["compile_guard"] = {
             "status": record.APPLIED,
             "reason": "torch.compile rewrites: " + ", ".join(
-                f"mode={k!r} -> {v!r}" for k, v in MODE_REWRITES.items())
-            + "; options " + "/".join(GRAPH_OPTIONS) + "=True dropped",
+                f"mode={k!r} -> {v[0]['mode']!r}" for k, v in rewrites.items() if v)
+            + "; options " + "/".join(GRAPH_OPTIONS + (() if tuning else TUNING_OPTIONS))
+            + "=True dropped" + ("" if tuning else
+                                 f" (autotuning kept with {ENV_KEEP_TUNING}=1 or perf)"),
+            "ref": "pytorch#185074, pytorch#187715 (CUDA graphs); ROCm/pytorch#3548, "
+                   "pytorch#193735 (autotuning); torch/_inductor/__init__.py list_mode_options",
         }

@@ -99,11 +99,42 @@ def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: s
              f"{setting.reason}. To keep it, set {keep}={os.environ[var]}.")
 
 
+def _condition_fails(setting: profiles.Setting, archs: Callable[[], List[str]]) -> str:
+    """Why ``setting`` does not apply on this machine ("" when it does)."""
+    if setting.not_on_archs:
+        hit = [a for a in archs() if a.startswith(setting.not_on_archs)]
+        if hit:
+            return (f"{setting.key}={setting.value!r} not used on {', '.join(hit)} "
+                    f"(KFD topology): {setting.ref}")
+    return ""
+
+
+def _bound(setting: profiles.Setting, before: Any) -> Any:
+    """The value to write for a limit (``at_least``) or a cap (``at_most``)."""
+    value = setting.value
+    if setting.at_most:
+        if setting.cap_by == profiles.USABLE_CPUS:
+            from rocm_autopatch import probe
+
+            value = min(value, probe.usable_cpus())
+        if isinstance(before, int) and not isinstance(before, bool) and 0 < before < value:
+            value = before  # never raise a cap someone lowered
+    if setting.at_least and isinstance(before, int) and before > value:
+        value = before  # never lower a limit someone raised
+    return value
+
+
 def apply(module: ModuleType, namespace: str, profile: str,
-          overrides: Dict[str, Tuple[Any, str]], warn: Warn) -> List[ConfigChange]:
+          overrides: Dict[str, Tuple[Any, str]], warn: Warn,
+          archs: Optional[Callable[[], List[str]]] = None) -> List[ConfigChange]:
     """Apply ``profile``'s ``namespace`` ("inductor"/"dynamo") settings to ``module``."""
+    if archs is None:
+        from rocm_autopatch import probe
+
+        archs = probe.arch_names
     prefix = namespace + "."
     wanted: Dict[str, Tuple[profiles.Setting, str, Any, str]] = {}  # key -> (setting, ...)
+    not_here: Dict[str, str] = {}  # key -> why a later layer's entry does not apply
     changes: List[ConfigChange] = []
     for setting in profiles.PROFILES[profile]:
         if not setting.key.startswith(prefix):
@@ -111,17 +142,35 @@ def apply(module: ModuleType, namespace: str, profile: str,
         short = setting.key[len(prefix):]
         name = torch_key(module, setting, short)
         if name is None:
+            changes = [c for c in changes if c.key != setting.key]
             changes.append(ConfigChange(setting.key, None, None, "profile", SKIPPED,
                                         "not in this torch's config" + (
                                             f" (nor {', '.join(setting.older_names)})"
                                             if setting.older_names else ""),
-                                        wanted=setting.value))
+                                        wanted=setting.value, why=setting.reason,
+                                        ref=setting.ref))
+            continue
+        failed = _condition_fails(setting, archs)
+        if failed:
+            not_here[setting.key] = failed
+            continue
+        set_by = [v for v in setting.env if v in os.environ]
+        if setting.env_wins and set_by:
+            wanted.pop(setting.key, None)
+            var = set_by[0]
+            changes.append(ConfigChange(setting.key, read(module, name), read(module, name),
+                                        "environment", SKIPPED,
+                                        f"{var}={os.environ[var]} is set: your value is kept",
+                                        wanted=setting.value, why=setting.reason,
+                                        ref=setting.ref))
             continue
         wanted[setting.key] = (setting, name, setting.value, "profile")
     for short, (value, var) in overrides.items():
         key = prefix + short
         setting = wanted[key][0] if key in wanted else profiles.Setting(key, value, var)
-        wanted[key] = (setting._replace(at_least=False), short, value, "override")
+        wanted[key] = (setting._replace(at_least=False, at_most=False), short, value,
+                       "override")
+        changes = [c for c in changes if c.key != key]
 
     applied_keys: List[Tuple[str, str]] = []
     for key, (setting, name, value, source) in wanted.items():
@@ -133,8 +182,7 @@ def apply(module: ModuleType, namespace: str, profile: str,
             changes.append(ConfigChange(key, before, before, source, SKIPPED,
                                         f"no-op: {noop}", wanted=value, torch_key=name))
             continue
-        if setting.at_least and isinstance(before, int) and before > value:
-            value = before  # never lower a limit someone raised
+        value = _bound(setting, before) if source == "profile" else value
         if source == "profile":
             _hostile_env(setting, value, before, profile, warn)
         try:
@@ -150,9 +198,13 @@ def apply(module: ModuleType, namespace: str, profile: str,
         reason = "" if status == APPLIED else "torch already had this value"
         if after != value:
             status, reason = FAILED, _why_not(module, name)
+        if key in not_here:
+            reason = (reason + "; " if reason else "") + not_here[key]
+        why, ref = (setting.reason, setting.ref) if source == "profile" else (
+            f"set by {setting.reason} in the environment", "")
         changes.append(ConfigChange(key, before, after, source, status, reason,
                                     wanted=value, torch_key=name if name != key[len(prefix):]
-                                    else ""))
+                                    else "", why=why, ref=ref))
         applied_keys.append((key, name))
 
     # A value that only this thread sees is not applied (torch >= 2.12 is per-thread).

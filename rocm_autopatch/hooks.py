@@ -120,8 +120,6 @@ def on_dynamo_config(module: ModuleType) -> None:
 def on_convert_frame(module: ModuleType) -> None:
     if not decide():
         return
-    from rocm_autopatch import capture_fix, watchdog
+    from rocm_autopatch import compile_frame
 
-    # The watchdog goes innermost, so the capture fix's own wrapper stays outermost.
-    watchdog.install(module)
-    capture_fix.install(module)
+    compile_frame.install(module)

@@ -66,3 +66,75 @@ def gpu_archs(root: Optional[str] = None) -> List[Dict[str, str]]:
         found.append({"node": os.path.basename(os.path.dirname(props)), "arch": name,
                       "gpu": KNOWN_GPUS.get(name, "unknown")})
     return found
+
+
+def arch_names(root: Optional[str] = None) -> List[str]:
+    """The GPU architectures of the KFD topology ("gfx942", ...), each once."""
+    return sorted({gpu["arch"] for gpu in gpu_archs(root)})
+
+
+ENV_CGROUP = "ROCM_AUTOPATCH_CGROUP_ROOT"  # tests point this at a fake cgroup tree
+DEFAULT_CGROUP = "/sys/fs/cgroup"
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def _own_cgroup_dirs(root: str) -> List[str]:
+    """This process's cgroup directories under ``root`` (v2 first), then ``root`` itself."""
+    dirs = []
+    own = _read("/proc/self/cgroup") or ""
+    for line in own.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[2].startswith("/") and parts[2] != "/":
+            controllers = parts[1].split(",")
+            if parts[1] == "":
+                dirs.append(os.path.join(root, parts[2].lstrip("/")))
+            elif "cpu" in controllers:
+                dirs.append(os.path.join(root, parts[1], parts[2].lstrip("/")))
+    return dirs + [root]
+
+
+def cgroup_cpu_limit(root: Optional[str] = None) -> Optional[float]:
+    """CPUs allowed by the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``);
+    None where there is no quota."""
+    root = root or os.environ.get(ENV_CGROUP) or DEFAULT_CGROUP
+    for d in _own_cgroup_dirs(root):
+        for v2, quota_file, period_file in (
+                (True, os.path.join(d, "cpu.max"), None),
+                (False, os.path.join(d, "cpu.cfs_quota_us"), os.path.join(d, "cpu.cfs_period_us")),
+                (False, os.path.join(d, "cpu", "cpu.cfs_quota_us"),
+                 os.path.join(d, "cpu", "cpu.cfs_period_us"))):
+            text = _read(quota_file)
+            if text is None:
+                continue
+            try:
+                if v2:
+                    quota, _, period = text.partition(" ")
+                    if quota == "max":
+                        return None
+                    return int(quota) / int(period or "100000")
+                if int(text) < 0:
+                    return None
+                return int(text) / int(_read(period_file or "") or "100000")
+            except (ValueError, ZeroDivisionError):
+                return None
+    return None
+
+
+def usable_cpus(cgroup_root: Optional[str] = None) -> int:
+    """The CPUs this process may really use: its affinity mask and its cgroup CPU quota
+    (``torch._utils.cpu_count`` in 2.13 honours the first only)."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    limit = cgroup_cpu_limit(cgroup_root)
+    if limit is not None:
+        count = min(count, max(1, int(-(-limit // 1))))  # a quota of 2.5 CPUs -> 3 workers
+    return max(1, count)

@@ -1,11 +1,11 @@
-"""The profiles: which Inductor/Dynamo settings each profile wants, and why. Data only.
+"""The profiles: which Inductor/Dynamo settings each profile wants, why, and the public
+evidence for it. Data only.
 
 Keys are namespaced: ``inductor.<key>`` is ``torch._inductor.config.<key>`` (nested keys
 like ``inductor.triton.cudagraphs`` included), ``dynamo.<key>`` is
-``torch._dynamo.config.<key>``. ``older_names`` are tried when the running torch lacks
-the key; ``at_least`` settings raise a limit and never lower one; ``env`` lists the
-``TORCHINDUCTOR_*`` variables that set the key in torch (overridden, with a warning).
-Sources: shared/seeds 000-003, corrected by shared/FINDINGS.md.
+``torch._dynamo.config.<key>``. Each entry's ``reason`` is what a user reads (doctor,
+``report()``, warnings) and ``ref`` the public evidence: an issue or PR, or a torch source
+path and release; an entry without public evidence says so in ``ref``.
 """
 
 from __future__ import annotations
@@ -22,144 +22,199 @@ class Setting(NamedTuple):
     key: str
     value: Any
     reason: str
-    at_least: bool = False
+    ref: str = ""
+    at_least: bool = False  # a limit: raised to ``value``, never lowered
+    at_most: bool = False  # a cap: lowered to ``value``, never raised
+    cap_by: str = ""  # a bound known only at apply time (USABLE_CPUS), for at_most
     older_names: Tuple[str, ...] = ()
+    # TORCHINDUCTOR_* variables that set this key in torch: overridden with a warning, or,
+    # with ``env_wins``, left alone (the user chose the value).
     env: Tuple[str, ...] = ()
+    env_wins: bool = False
+    # Not applied where a GPU's architecture starts with one of these (KFD topology; the
+    # previous layer's value for the key stays).
+    not_on_archs: Tuple[str, ...] = ()
 
+
+# Bound at apply time: the CPUs this process may use (affinity and cgroup quota).
+USABLE_CPUS = "usable CPUs"
+
+NO_PUBLIC_REPORT = "no public report found"
+REF_AUTOTUNE = ("ROCm/pytorch#3548 (memory access fault while autotuning under "
+                "max-autotune-no-cudagraphs), pytorch#193735 (hipErrorStreamCaptureInvalidated "
+                "with mode='max-autotune', gfx950)")
+REF_CUDAGRAPHS = ("pytorch#187715 (silent training degradation with reduce-overhead, MI300X); "
+                  "pytorch#185074 (illegal work in hipGraph capture is recorded silently)")
+REF_CDT_GFX12 = "pytorch#193658 (coordinate descent ZeroDivisionError on gfx1201, open)"
 
 SAFE: Tuple[Setting, ...] = (
     Setting(
         "inductor.max_autotune", False,
-        "GEMM autotuning benchmarks every GEMM shape; with hundreds of shapes the compile "
-        "never finishes on ROCm (seed 001; 6.7x compile time on an H200, FINDINGS)",
+        "GEMM autotuning benchmarks every GEMM shape at compile time: with many shapes the "
+        "first compile takes minutes or never ends (6.7x compile time for 5 shapes on an "
+        "H200, BENCHMARKS.md), and on ROCm the tuning runs crash or break graph capture",
+        ref=REF_AUTOTUNE + "; sglang docker/rocm.Dockerfile sets TORCHINDUCTOR_MAX_AUTOTUNE=1",
         env=("TORCHINDUCTOR_MAX_AUTOTUNE",),
     ),
     Setting(
         "inductor.max_autotune_gemm", False,
-        "same runaway GEMM autotuning, enabled for GEMMs only",
+        "the same GEMM autotuning, turned on for GEMMs only",
+        ref=REF_AUTOTUNE,
         env=("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM",),
     ),
     Setting(
         "inductor.max_autotune_pointwise", False,
-        "autotunes every pointwise kernel; a known cause of compile hangs (seed 003)",
+        "autotunes every pointwise/reduction kernel at compile time (long first compiles)",
+        ref=REF_AUTOTUNE + "; sglang docker/rocm.Dockerfile sets "
+            "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1",
         env=("TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE",),
     ),
     Setting(
         "inductor.max_autotune_gemm_backends", "ATEN",
-        "GEMMs go to hipBLASLt/rocBLAS through ATen; Triton GEMM candidates only add "
-        "compile time when autotuning is turned on per call (seeds 000, 001)",
+        "GEMMs go to hipBLASLt through ATen; Triton/CK GEMM candidates only add compile time "
+        "and crash-prone benchmark runs when autotuning is asked for anyway",
+        ref=REF_AUTOTUNE,
         env=("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS",),
     ),
     Setting(
         "inductor.coordinate_descent_tuning", False,
-        "extra kernel tuning at compile time (2-3x first compile, seed 000); off for "
-        "predictable start-up",
+        "benchmarks block-size variants of every Triton kernel at compile time (2-4x first "
+        "compile); off for a predictable start-up",
+        ref=REF_AUTOTUNE + "; " + REF_CDT_GFX12,
         env=("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING",),
     ),
     Setting(
         "inductor.triton.cudagraphs", False,
-        "Inductor CUDA graphs on HIP: hangs, crashes or silent wrong results (seeds 001-003)",
+        "Inductor CUDA graphs on HIP: capture of work that hipGraph records silently, and "
+        "reported silent training degradation",
+        ref=REF_CUDAGRAPHS,
         env=("TORCHINDUCTOR_CUDAGRAPHS",),
     ),
     Setting(
         "inductor.triton.cudagraph_trees", False,
-        "CUDA graph trees are less stable than flat graphs on ROCm (seed 001)",
+        "the CUDA-graph-trees implementation of the same Inductor CUDA graphs",
+        ref=REF_CUDAGRAPHS,
     ),
     Setting(
         "inductor.memory_planning", False,
-        "deep recursion on large graphs on ROCm (seed 001); torch's default is already "
-        "off (FINDINGS), so this only undoes an environment that turned it on",
+        "torch's default is already off; kept only to undo an environment that turns it on",
+        ref=NO_PUBLIC_REPORT + " of a failure (seen as deep recursion on large graphs in "
+            "AMD tuning notes); torch/_inductor/config.py defaults it off",
         env=("TORCHINDUCTOR_MEMORY_PLANNING",),
     ),
     Setting(
         "inductor.epilogue_fusion", True,
         "fuses bias/activation into the GEMM epilogue: where default mode's speed comes from",
+        ref="torch's default (torch/_inductor/config.py); kept explicit",
     ),
     Setting(
         "inductor.pattern_matcher", True,
         "pattern rewrites (SiLU, attention) that default mode relies on",
+        ref="torch's default (torch/_inductor/config.py); kept explicit",
     ),
     Setting(
         "inductor.reorder_for_locality", True,
-        "better memory access order (seed 002); called 'reordering' in torch 2.1",
+        "better memory access order; called 'reordering' in torch 2.1",
+        ref="torch's default (torch/_inductor/config.py); kept explicit",
         older_names=("reordering",),
     ),
     Setting(
+        "inductor.compile_threads", 16,
+        "Inductor forks min(32, CPUs it sees) GPU-attached compile workers; in containers "
+        "that see the host's CPUs that oversubscribes the GPU's queues and hangs autotuning. "
+        "Capped at the CPUs this process may use and at 16, never raised",
+        ref="pytorch PR 191493 (MI350 KFD runlist oversubscription, 16 workers), PR 191385; "
+            "torch/_inductor/config.py decide_compile_threads",
+        at_most=True,
+        cap_by=USABLE_CPUS,
+        env=("TORCHINDUCTOR_COMPILE_THREADS",),
+        env_wins=True,
+    ),
+    Setting(
         "dynamo.recompile_limit", 128,
-        "models with many shapes or control-flow paths exceed 8 and fall back to eager "
-        "silently; raised, never lowered (frameworks such as SGLang set 1024)",
+        "models with many shapes or control-flow paths pass torch's 8 recompiles and fall "
+        "back to eager silently; raised, never lowered (SGLang sets 1024)",
+        ref="torch/_dynamo/config.py recompile_limit (cache_size_limit before PR 143709)",
         at_least=True,
         older_names=("cache_size_limit",),
     ),
 )
 
-# perf = safe, then these (a later entry for the same key wins).
+# perf = safe, then these (a later entry for the same key wins where it applies).
 PERF_EXTRA: Tuple[Setting, ...] = (
     Setting(
         "inductor.coordinate_descent_tuning", True,
-        "tunes Triton block sizes/warps for steady-state speed; costs 2-3x first compile "
-        "(seed 000), bounded, unlike GEMM autotuning",
+        "tunes Triton block sizes/warps for steady-state speed; costs 2-4x first compile, "
+        "bounded, unlike GEMM autotuning. Not on gfx11/gfx12 (divides by zero there)",
+        ref=REF_CDT_GFX12,
         env=("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING",),
+        not_on_archs=("gfx11", "gfx12"),
     ),
     Setting(
         "inductor.aggressive_fusion", True,
-        "fuses kernels without shared reads: fewer launches (seed 000)",
+        "fuses kernels without shared reads: fewer launches",
+        ref=NO_PUBLIC_REPORT + " for ROCm; AMD's tuning notes recommend it",
     ),
     Setting(
         "inductor.max_fusion_size", 128,
-        "larger fused kernels than torch's 64; diminishing returns past 128 (seed 000)",
+        "larger fused kernels than torch's 64; diminishing returns past 128",
+        ref=NO_PUBLIC_REPORT + " for ROCm; AMD's tuning notes recommend it",
     ),
     Setting(
         "inductor.triton.multi_kernel", 1,
-        "builds persistent and non-persistent reductions and picks at run time (seed 000)",
+        "builds persistent and non-persistent reductions and picks at run time",
+        ref=NO_PUBLIC_REPORT + " for ROCm; AMD's tuning notes recommend it",
         env=("TORCHINDUCTOR_MULTI_KERNEL",),
     ),
     Setting(
         "inductor.shape_padding", True,
-        "pads odd GEMM shapes (seed 000); already torch's default, kept explicit",
+        "pads odd GEMM shapes; already torch's default, kept explicit",
+        ref="torch's default (torch/_inductor/config.py)",
         env=("TORCHINDUCTOR_SHAPE_PADDING",),
     ),
     Setting(
         "inductor.freezing", True,
         "inference only (torch applies it under no_grad): weights become constants; "
         "do not mutate weights after compiling, or set INDUCTOR_FREEZING=0",
+        ref="torch/_inductor/config.py freezing; torch/_inductor/freezing.py",
         env=("TORCHINDUCTOR_FREEZING",),
     ),
     Setting(
         "dynamo.recompile_limit", 256,
-        "seed 000's value for complex models; raised, never lowered",
+        "more room for complex models; raised, never lowered",
+        ref="torch/_dynamo/config.py recompile_limit",
         at_least=True,
         older_names=("cache_size_limit",),
     ),
 )
 
-# Seed 000 keys deliberately left out of perf, with the reason (shown by the doctor).
+# Keys from AMD's tuning notes deliberately left out of perf, with the reason (doctor).
 LEFT_OUT: Dict[str, str] = {
     "inductor.benchmark_kernel": (
-        "seed 000 says it benchmarks kernel variants; in torch 2.13 it only emits a "
-        "benchmark harness into compiled modules (codegen/triton.py), so it tunes nothing"
+        "said to benchmark kernel variants; in torch 2.13 it only emits a benchmark "
+        "harness into compiled modules (torch/_inductor/codegen/triton.py), so it tunes "
+        "nothing"
     ),
     "inductor.group_fusion": (
-        "marked '# Deprecated' in torch's inductor config and read nowhere in 2.13"
+        "marked '# Deprecated' in torch/_inductor/config.py and read nowhere in 2.13"
     ),
 }
 
 # Keys that exist but that torch no longer reads: reported as no-ops, never "applied".
 NOOP_KEYS: Dict[str, str] = {
-    "inductor.group_fusion": "deprecated in torch and read nowhere (2.13); setting it does "
-    "nothing",
+    "inductor.group_fusion": "deprecated in torch and read nowhere (torch/_inductor/config.py, "
+    "2.13); setting it does nothing",
 }
 
 
-def _merge(*layers: Tuple[Setting, ...]) -> Tuple[Setting, ...]:
-    merged: Dict[str, Setting] = {}
-    for layer in layers:
-        for setting in layer:
-            merged[setting.key] = setting
-    return tuple(merged.values())
-
-
+# A profile's layers, in order: for each key the last entry that applies here wins (an
+# entry with a condition that fails here leaves the earlier layer's value).
 PROFILES: Dict[str, Tuple[Setting, ...]] = {
     "safe": SAFE,
-    "perf": _merge(SAFE, PERF_EXTRA),
+    "perf": SAFE + PERF_EXTRA,
 }
+
+
+def keys(profile: str) -> Tuple[str, ...]:
+    """The profile's keys, each once, in first-seen order."""
+    return tuple(dict.fromkeys(s.key for s in PROFILES[profile]))

@@ -71,6 +71,8 @@ class ConfigChange(_Fields):
     reason: str = ""
     wanted: Any = None
     torch_key: str = ""  # the name the running torch uses, when it differs
+    why: str = ""  # the rule's reason, for a user
+    ref: str = ""  # its public evidence (issue/PR, torch source path), or that there is none
 
 
 class CompileRewrite(_Fields):
@@ -78,6 +80,7 @@ class CompileRewrite(_Fields):
     after: Dict[str, Any] = {}
     call_site: str = ""
     count: int = 1
+    reason: str = ""
 
 
 class Report(_Fields):
@@ -92,6 +95,8 @@ class Report(_Fields):
     config: List[ConfigChange] = []
     compile_rewrites: List[CompileRewrite] = []
     fixes: Dict[str, Dict[str, str]] = {}
+    # "function (file:line)" -> calls that ran eagerly because a graph was being captured
+    eager_in_capture: Dict[str, int] = {}
     errors: List[str] = []
     warnings: List[str] = []
 

@@ -1,6 +1,8 @@
 """Capture fix on the CPU: a faithful reproduction of a capturing pre-2.10 GPU build.
 
-Run with ROCM_AUTOPATCH=force in a venv that has rocm-autopatch installed. The real
+Run with ROCM_AUTOPATCH=force in a venv that has rocm-autopatch installed. This is the
+path of ``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1`` (torch compiles inside capture; by default
+the capture policy runs such calls eagerly, see capture_policy_repro.py). The real
 ``torch.cuda.is_available``/``is_current_stream_capturing``/``get_rng_state``/
 ``set_rng_state`` are replaced by STAND-INS that behave as a pre-2.10 build does while a
 graph is being captured: the RNG calls raise the real error message. A compile is then
@@ -16,7 +18,7 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
-from rocm_autopatch import capture_fix, record
+from rocm_autopatch import capture, compile_frame, record
 
 RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you "
              "need this call to be captured, please file an issue.")
@@ -48,6 +50,7 @@ try:
 except ImportError:
     pass
 torch.cuda.is_available = lambda: True
+torch.cuda.is_initialized = is_current_stream_capturing  # STAND-IN: initialised while capturing
 # Older releases also ask a claimed device what it is; the STAND-IN says "no Triton GPU".
 torch.cuda.get_device_capability = lambda device=None: (0, 0)
 torch.cuda.is_current_stream_capturing = is_current_stream_capturing
@@ -61,8 +64,9 @@ original = getattr(installed, "__wrapped__", installed)
 
 def compile_once(capturing: bool, fixed: bool) -> str:
     torch._dynamo.reset()
-    cf._compile = capture_fix.make_wrapper(torch, original, skip_rng=True) if fixed \
-        else original
+    cf._compile = compile_frame.make_wrapper(
+        torch, original, eager=False, decline=lambda: None, skip_rng=True, seconds=0) \
+        if fixed else original
     STATE["capturing"] = capturing
     try:
         f = torch.compile(lambda x: torch.sin(x) * 2 + x, backend=BACKEND)
@@ -82,9 +86,9 @@ outside = compile_once(capturing=False, fixed=True)
 reads_outside = STATE["rng_reads"] - reads_before
 result = {
     "torch": torch.__version__,
-    "installed_by_hook": bool(getattr(installed, "_rocm_autopatch", False)),
-    "layout": capture_fix.layout(cf),
-    "fix": record.REPORT.fixes.get(capture_fix.FIX),
+    "installed_by_hook": compile_frame.installed(cf) is not None,
+    "layout": capture.layout(cf),
+    "fix": record.REPORT.fixes.get(capture.FIX),
     "outside_capture_with_fix": outside,
     "rng_reads_outside_capture": reads_outside,
     "capture_without_fix": compile_once(capturing=True, fixed=False),

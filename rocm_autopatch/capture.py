@@ -1,0 +1,269 @@
+"""Compiles that start while a CUDA/HIP graph is being captured: the capture policy.
+
+On ROCm, work done while a HIP graph is captured can be recorded silently and replay wrong
+(pytorch#185074); a compile's first-use steps fail inside capture (hipBLASLt, ROCm/aiter#4352;
+Triton autotuning synchronises, vllm#42070); torch 2.14 refuses any trace during capture
+(PR 185410), which breaks scripts that recompiled inside capture before.
+
+The policy (default): a frame that Dynamo is about to compile while the current stream is
+capturing is not compiled. That call runs eagerly (ordinary kernels, which capture
+safely), one warning per function says so, and the frame compiles normally the next time
+it runs outside capture. Code already compiled and still valid is not affected: Dynamo
+runs it from its cache without asking to compile. The "run eagerly this once" answer
+differs by release (``decline_form``): from the release where ``ConvertFrameReturn`` has
+``apply_to_code`` it is ``ConvertFrameReturn(apply_to_code=False)``; before (2.4-2.9,
+``_compile`` returns ``Optional[GuardedCode]``) ``None`` marks the code skipped for good,
+so the code is un-skipped with ``reset_code`` when the capture ends
+(``CUDAGraph.capture_end``).
+
+``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1`` restores torch's own behaviour; there the RNG fix
+(torch < 2.10: a compile reads the CUDA RNG state, which fails in capture; pytorch#131782,
+fixed by PR 162505 in 2.10) and the clear error for a first compile inside capture apply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import threading
+import types
+from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+
+from rocm_autopatch import log, record
+
+ENV = "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE"
+POLICY = "capture_policy"
+FIX = "capture_rng"
+CLEAR_ERROR = "capture_error"
+FIXED_IN = (2, 10)
+REF_POLICY = ("pytorch#185074 (hipGraph records illegal work silently), ROCm/aiter#4352, "
+              "vllm#42070; torch 2.14 refuses it (PR 185410)")
+REF_RNG = "pytorch#131782, sglang#6033; fixed in torch 2.10 by PR 162505"
+CAPTURE_ERRORS = (
+    "during CUDA graph capture",
+    "during cuda graph capture",
+    "operation not permitted when stream is capturing",
+    "hipErrorStreamCaptureUnsupported",
+    "cudaErrorStreamCaptureUnsupported",
+    "hipErrorStreamCaptureInvalidated",
+    "cudaErrorStreamCaptureInvalidated",
+)
+
+_lock = threading.Lock()
+_declined_codes: Set[types.CodeType] = set()  # legacy form: un-skipped at capture end
+
+
+class CompiledDuringCaptureError(RuntimeError):
+    """A function was compiled for the first time inside CUDA/HIP graph capture."""
+
+
+def torch_version(torch: types.ModuleType) -> Tuple[int, int]:
+    """(major, minor) of ``torch.__version__``; (0, 0) when it can't be read."""
+    # Not a regex: compiling one costs ~0.1 ms on the import path, half this hook's work.
+    major, _, rest = str(getattr(torch, "__version__", "")).partition(".")
+    minor = "".join(itertools.takewhile(str.isdecimal, rest))
+    return (int(major), int(minor)) if major.isdecimal() and minor else (0, 0)
+
+
+def compile_in_capture() -> bool:
+    """``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE``: True gives torch's own behaviour."""
+    raw = os.environ.get(ENV, "")
+    value = raw.strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value not in ("", "0", "false", "off", "no"):
+        log.warn_once(("env", ENV), f"{ENV}={raw!r} is not understood; accepted: 1/true/on/"
+                      "yes (compile inside capture, torch's behaviour) or 0/false/off/no. "
+                      "Compiles inside capture run eagerly.")
+    return False
+
+
+def capturing(torch: types.ModuleType) -> bool:
+    """Is the current stream capturing? Never initialises CUDA/HIP."""
+    try:
+        cuda = torch.cuda
+        return bool(cuda.is_initialized() and cuda.is_available()
+                    and cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - no CUDA/HIP runtime: nothing is capturing
+        return False
+
+
+def where(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[str, int, str]:
+    """(file, first line, name) of the frame ``_compile`` was called for."""
+    code = args[0] if args else kwargs.get("code")
+    if isinstance(code, types.CodeType):
+        return code.co_filename, code.co_firstlineno, code.co_name
+    return "<unknown>", 0, "<unknown>"
+
+
+# ---- the policy: run eagerly this once -------------------------------------------------
+
+def decline_form(convert_frame: types.ModuleType) -> Tuple[str, Callable[[], Any]]:
+    """(description, factory of the value ``_compile`` returns to run a frame eagerly once)."""
+    result_cls = getattr(convert_frame, "ConvertFrameReturn", None)
+    fields = ({f.name for f in dataclasses.fields(result_cls)}
+              if dataclasses.is_dataclass(result_cls) else set())
+    if "apply_to_code" in fields:
+        extra = ({"skip_reason": "rocm-autopatch: a graph is being captured; runs eagerly, "
+                                 "compiles outside capture"} if "skip_reason" in fields else {})
+        return ("ConvertFrameReturn(apply_to_code=False): this call only",
+                lambda: result_cls(apply_to_code=False, **extra))
+    return ("None (skips the code), un-skipped with reset_code when the capture ends",
+            lambda: None)
+
+
+def decline(form: Callable[[], Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """What ``_compile`` returns for a frame reached while capturing (the policy)."""
+    filename, line, name = where(args, kwargs)
+    code = args[0] if args else kwargs.get("code")
+    value = form()
+    if value is None and isinstance(code, types.CodeType):
+        with _lock:
+            _declined_codes.add(code)
+    site = f"{filename}:{line}"
+    with record.LOCK:
+        counts = record.REPORT.eager_in_capture
+        counts[f"{name} ({site})"] = counts.get(f"{name} ({site})", 0) + 1
+    log.warn_once(("capture", site, name),
+                  f"{name} ({site}) was reached for compiling while a CUDA/HIP graph is being "
+                  "captured; it runs eagerly this time (compiling inside capture can be "
+                  "recorded silently and replay wrong on ROCm: pytorch#185074) and compiles "
+                  "the next time it runs outside capture. To capture its compiled kernels, "
+                  "warm it up with the same shapes and dtypes before capturing. "
+                  f"{ENV}=1 gives torch's own behaviour.")
+    return value
+
+
+def reenable_declined(torch: types.ModuleType) -> None:
+    """Legacy form: let the codes declined during the capture that just ended compile again."""
+    with _lock:
+        codes = list(_declined_codes)
+        _declined_codes.clear()
+    reset_code = getattr(getattr(torch._dynamo, "eval_frame", None), "reset_code", None)
+    for code in codes:
+        if reset_code is not None:
+            reset_code(code)
+
+
+def install_capture_end_hook(torch: types.ModuleType) -> bool:
+    """Wrap ``torch.cuda.graphs.CUDAGraph.capture_end`` (legacy form only); idempotent."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    cls = getattr(graphs, "CUDAGraph", None)
+    original = getattr(cls, "capture_end", None) if cls is not None else None
+    if original is None:
+        return False
+    if getattr(original, "_rocm_autopatch", False):
+        return True
+
+    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            try:
+                reenable_declined(torch)
+            except Exception as exc:  # noqa: BLE001 - never break the user's capture
+                record.hook_failed("torch.cuda.graphs", "capture_end re-enable", exc)
+
+    capture_end.__name__ = capture_end.__qualname__ = "capture_end"
+    capture_end.__doc__ = original.__doc__
+    capture_end.__wrapped__ = original  # type: ignore[attr-defined]
+    capture_end._rocm_autopatch = True  # type: ignore[attr-defined]
+    cls.capture_end = capture_end
+    return True
+
+
+# ---- torch's behaviour (ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1) ----------------------------
+
+@contextlib.contextmanager
+def rng_untouched(torch: types.ModuleType) -> Iterator[None]:
+    """For one compile inside capture: CUDA RNG state neither read nor written back."""
+    cuda = torch.cuda
+    real_get, real_set = cuda.get_rng_state, cuda.set_rng_state
+
+    def get_rng_state(device: Any = "cuda") -> Any:
+        return torch.empty(0, dtype=torch.uint8)  # stands for "not saved"
+
+    def set_rng_state(new_state: Any, device: Any = "cuda") -> None:
+        return None
+
+    cuda.get_rng_state, cuda.set_rng_state = get_rng_state, set_rng_state
+    try:
+        yield
+    finally:
+        cuda.get_rng_state, cuda.set_rng_state = real_get, real_set
+
+
+def clear_error(exc: BaseException) -> Optional[CompiledDuringCaptureError]:
+    text = str(exc)
+    if isinstance(exc, CompiledDuringCaptureError) or not any(m in text for m in CAPTURE_ERRORS):
+        return None
+    if "cannot JIT compile" in text:  # torch 2.14+ says it clearly itself: leave it alone
+        return None
+    return CompiledDuringCaptureError(
+        "torch.compile compiled a function for the first time inside CUDA/HIP graph "
+        "capture, which cannot work (compilation copies tensors and reads device state "
+        "that capture forbids; on ROCm such steps may even be recorded silently, "
+        "pytorch#185074). Warm the compiled function up by calling it with the same shapes "
+        "and dtypes before torch.cuda.graph(...)/CUDAGraph.capture_begin(), or unset "
+        f"{ENV} to let rocm-autopatch run such calls eagerly. Original error: "
+        + next(line for line in text.splitlines() if any(m in line for m in CAPTURE_ERRORS))
+        .strip()[:300]
+    )
+
+
+def compile_inside(torch: types.ModuleType, original: Callable[..., Any], skip_rng: bool,
+                   args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """torch's own compile inside capture, with the RNG fix (< 2.10) and the clear error."""
+    try:
+        if skip_rng:
+            with rng_untouched(torch):
+                return original(*args, **kwargs)
+        return original(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised, clearer, chained
+        clear = clear_error(exc)
+        if clear is None:
+            raise
+        raise clear from exc
+
+
+def layout(convert_frame: types.ModuleType) -> str:
+    """Where this torch's preserve_global_state sits (for the record)."""
+    trace_frame = getattr(convert_frame, "trace_frame", None)
+    if trace_frame is not None and hasattr(trace_frame, "__wrapped__"):
+        return "trace_frame decorated at import (2.9+)"
+    if hasattr(convert_frame, "preserve_global_state"):
+        return "transform decorated inside _compile (2.2-2.8)"
+    return "wrap_convert_context (2.1)"
+
+
+def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager: bool,
+                 form: str, skip_rng: bool) -> None:
+    fixes = record.REPORT.fixes
+    if eager:
+        fixes[POLICY] = {"status": record.APPLIED,
+                         "reason": "a compile that starts while a graph is being captured "
+                                   f"runs eagerly instead, that call only ({form})",
+                         "ref": REF_POLICY}
+    else:
+        fixes[POLICY] = {"status": record.SKIPPED,
+                         "reason": f"{ENV}=1: torch's own behaviour inside capture",
+                         "ref": REF_POLICY}
+    version = torch.__version__
+    if not eager:
+        fixes[FIX] = ({"status": record.APPLIED,
+                       "reason": f"torch {version} < 2.10 reads the CUDA RNG state in every "
+                                 f"compile; skipped while capturing ({layout(convert_frame)})",
+                       "ref": REF_RNG} if skip_rng else
+                      {"status": "not needed",
+                       "reason": f"torch {version} >= 2.10 reads/writes the CUDA RNG state "
+                                 "during capture itself", "ref": REF_RNG})
+        fixes[CLEAR_ERROR] = {"status": record.APPLIED,
+                              "reason": "a first compile inside graph capture fails with a "
+                                        "clear error that says to warm up before capturing",
+                              "ref": REF_POLICY}
+    else:
+        reason = "not needed: nothing compiles inside capture under the capture policy"
+        fixes[FIX] = {"status": "not needed", "reason": reason, "ref": REF_RNG}
+        fixes[CLEAR_ERROR] = {"status": "not needed", "reason": reason, "ref": REF_POLICY}

@@ -1,0 +1,79 @@
+"""The compile-frame hook: the one owner of ``torch._dynamo.convert_frame._compile``.
+
+Every Dynamo frame compile (Inductor's included) passes through ``_compile`` on torch
+2.1-2.15, looked up as a module global. One wrapper, installed once, runs the small parts
+that need to see each compile:
+
+- the capture policy (``capture``): while the current stream is capturing a graph, the
+  frame runs eagerly this once instead of compiling, or, with
+  ``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1``, torch compiles it with the RNG fix and the
+  clear error;
+- the watchdog (``watchdog``): one warning when a compile runs past its threshold.
+
+Outside capture with the watchdog off, a compile costs one extra call and a capture check.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import types
+from typing import Any, Callable, Optional
+
+from rocm_autopatch import capture, record, watchdog
+
+_lock = threading.Lock()
+_MARK = "_rocm_autopatch"
+
+
+def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,
+                 decline: Callable[[], Any], skip_rng: bool, seconds: float) -> Any:
+    def _compile(*args: Any, **kwargs: Any) -> Any:
+        capturing = capture.capturing(torch)
+        if capturing and eager:
+            return capture.decline(decline, args, kwargs)
+        timer = watchdog.arm(capture.where(args, kwargs), seconds) if seconds else None
+        try:
+            if capturing:
+                return capture.compile_inside(torch, original, skip_rng, args, kwargs)
+            return original(*args, **kwargs)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # Name, doc and __wrapped__ of the original; __module__ stays ours (where the code is).
+    functools.update_wrapper(_compile, original, assigned=("__name__", "__qualname__",
+                                                           "__doc__"), updated=())
+    setattr(_compile, _MARK, True)
+    return _compile
+
+
+def installed(convert_frame: types.ModuleType) -> Optional[Any]:
+    """Our wrapper, if ``convert_frame._compile`` is one."""
+    current = getattr(convert_frame, "_compile", None)
+    return current if getattr(current, _MARK, False) else None
+
+
+def install(convert_frame: types.ModuleType) -> None:
+    """Wrap ``convert_frame._compile`` once; idempotent (a second call, a reload)."""
+    import torch
+
+    with _lock:
+        original = getattr(convert_frame, "_compile", None)
+        if original is None or not callable(original):
+            reason = ("layout not recognised: torch._dynamo.convert_frame has no _compile "
+                      "function; nothing patched")
+            for name in (capture.POLICY, capture.FIX, capture.CLEAR_ERROR, watchdog.NAME):
+                record.REPORT.fixes[name] = {"status": record.SKIPPED, "reason": reason}
+            return
+        if installed(convert_frame) is not None:
+            return
+        eager = not capture.compile_in_capture()
+        form, decline = capture.decline_form(convert_frame)
+        if eager and decline() is None:
+            capture.install_capture_end_hook(torch)
+        skip_rng = capture.torch_version(torch) < capture.FIXED_IN
+        seconds = watchdog.install()
+        convert_frame._compile = make_wrapper(torch, original, eager=eager, decline=decline,
+                                              skip_rng=skip_rng, seconds=seconds)
+        capture.record_fixes(torch, convert_frame, eager, form, skip_rng)
