@@ -38,9 +38,8 @@ POLICY = "capture_policy"
 FIX = "capture_rng"
 CLEAR_ERROR = "capture_error"
 FIXED_IN = (2, 10)
-REF_POLICY = ("pytorch#185074 (hipGraph records illegal work silently), ROCm/aiter#4352, "
-              "vllm#42070; torch 2.14 refuses it (PR 185410)")
-REF_RNG = "pytorch#131782, sglang#6033; fixed in torch 2.10 by PR 162505"
+REF_POLICY = "pytorch#185074, ROCm/aiter#4352, vllm#42070, PR 185410"
+REF_RNG = "pytorch#131782, sglang#6033, PR 162505 (fixed in 2.10)"
 CAPTURE_ERRORS = (
     "during CUDA graph capture",
     "during cuda graph capture",
@@ -244,7 +243,7 @@ def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager
     if eager:
         fixes[POLICY] = {"status": record.APPLIED,
                          "reason": "a compile that starts while a graph is being captured "
-                                   f"runs eagerly instead, that call only ({form})",
+                                   f"runs eagerly instead (torch's form: {form})",
                          "ref": REF_POLICY}
     else:
         fixes[POLICY] = {"status": record.SKIPPED,
@@ -264,6 +263,6 @@ def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager
                                         "clear error that says to warm up before capturing",
                               "ref": REF_POLICY}
     else:
-        reason = "not needed: nothing compiles inside capture under the capture policy"
+        reason = "nothing compiles inside capture under the capture policy"
         fixes[FIX] = {"status": "not needed", "reason": reason, "ref": REF_RNG}
         fixes[CLEAR_ERROR] = {"status": "not needed", "reason": reason, "ref": REF_POLICY}

@@ -19,14 +19,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from rocm_autopatch import profiles
 
-# Environment variables known to hang or break compilation on ROCm (seed 003) when set
-# to "1", and why. The config key that neutralises each comes from the safe profile.
+# Environment variables that turn on what the safe profile turns off, when set to "1",
+# and why (with the public evidence). The key that neutralises each: the safe profile's.
 RED_FLAGS: Dict[str, str] = {
-    "TORCHINDUCTOR_MAX_AUTOTUNE": "GEMM autotuning on every compile: hangs",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "pointwise autotuning: hangs",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "GEMM autotuning: hangs",
-    "TORCHINDUCTOR_CUDAGRAPHS": "Inductor CUDA graphs: unstable on HIP",
-    "TORCHINDUCTOR_MEMORY_PLANNING": "deep recursion on large graphs",
+    "TORCHINDUCTOR_MAX_AUTOTUNE": "GEMM autotuning on every compile: minutes-long "
+    "compiles, crashes (ROCm/pytorch#3548)",
+    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "pointwise autotuning: long compiles "
+    "(ROCm/pytorch#3548)",
+    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "GEMM autotuning (ROCm/pytorch#3548)",
+    "TORCHINDUCTOR_CUDAGRAPHS": "Inductor CUDA graphs on HIP (pytorch#185074, #187715)",
+    "TORCHINDUCTOR_MEMORY_PLANNING": "memory planning, off by default in torch (no public "
+    "report of a failure)",
 }
 AUDIT_PATTERN = ("TORCH", "INDUCTOR", "AUTOTUNE", "COMPILE", "TRITON", "OMP", "MKL",
                  "ROCM_AUTOPATCH")
@@ -142,13 +145,21 @@ def _human(data: Dict[str, Any]) -> str:
     for c in r["config"]:
         line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
         out.append(line)
-        if c["status"] in ("skipped", "failed") and c.get("reason"):
+        if c.get("reason") and (c["status"] in ("skipped", "failed")
+                                or "not used on" in c["reason"]):
             out.append(f"      {c['reason']}")
+        if c["status"] == "applied" and c.get("why"):
+            out.append(f"      why: {c['why']}" + (f" [{c['ref']}]" if c.get("ref") else ""))
     out += ["", "torch.compile rewrites and fixes"]
     for name, fix in r["fixes"].items():
-        out.append(f"  {name}: {fix['status']}: {fix['reason']}")
+        ref = f" [{fix['ref']}]" if fix.get("ref") else ""
+        out.append(f"  {name}: {fix['status']}: {fix['reason']}{ref}")
     for rw in r["compile_rewrites"]:
         out.append(f"  {rw['before']} -> {rw['after']} x{rw['count']} at {rw['call_site']}")
+        if rw.get("reason"):
+            out.append(f"      why: {rw['reason']}")
+    for where, count in r.get("eager_in_capture", {}).items():
+        out.append(f"  ran eagerly during graph capture x{count}: {where}")
     for err in r["errors"]:
         out.append(f"  ERROR {err}")
     out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see Environment)"]

@@ -224,9 +224,8 @@ def install(torch: ModuleType) -> None:
             "status": record.APPLIED,
             "reason": "torch.compile rewrites: " + ", ".join(
                 f"mode={k!r} -> {v[0]['mode']!r}" for k, v in rewrites.items() if v)
-            + "; options " + "/".join(GRAPH_OPTIONS + (() if tuning else TUNING_OPTIONS))
-            + "=True dropped" + ("" if tuning else
+            + "; truthy options dropped: " + ", ".join(GRAPH_OPTIONS + (
+                () if tuning else TUNING_OPTIONS)) + ("" if tuning else
                                  f" (autotuning kept with {ENV_KEEP_TUNING}=1 or perf)"),
-            "ref": "pytorch#185074, pytorch#187715 (CUDA graphs); ROCm/pytorch#3548, "
-                   "pytorch#193735 (autotuning); torch/_inductor/__init__.py list_mode_options",
+            "ref": f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}",
         }

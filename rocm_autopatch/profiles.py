@@ -40,20 +40,18 @@ class Setting(NamedTuple):
 USABLE_CPUS = "usable CPUs"
 
 NO_PUBLIC_REPORT = "no public report found"
-REF_AUTOTUNE = ("ROCm/pytorch#3548 (memory access fault while autotuning under "
-                "max-autotune-no-cudagraphs), pytorch#193735 (hipErrorStreamCaptureInvalidated "
-                "with mode='max-autotune', gfx950)")
-REF_CUDAGRAPHS = ("pytorch#187715 (silent training degradation with reduce-overhead, MI300X); "
-                  "pytorch#185074 (illegal work in hipGraph capture is recorded silently)")
-REF_CDT_GFX12 = "pytorch#193658 (coordinate descent ZeroDivisionError on gfx1201, open)"
+# The README's "Why each rule" table says what each of these reports.
+REF_AUTOTUNE = "ROCm/pytorch#3548, pytorch#193735"
+REF_CUDAGRAPHS = "pytorch#185074, pytorch#187715"
+REF_CDT_GFX12 = "pytorch#193658"
 
 SAFE: Tuple[Setting, ...] = (
     Setting(
         "inductor.max_autotune", False,
         "GEMM autotuning benchmarks every GEMM shape at compile time: with many shapes the "
-        "first compile takes minutes or never ends (6.7x compile time for 5 shapes on an "
-        "H200, BENCHMARKS.md), and on ROCm the tuning runs crash or break graph capture",
-        ref=REF_AUTOTUNE + "; sglang docker/rocm.Dockerfile sets TORCHINDUCTOR_MAX_AUTOTUNE=1",
+        "first compile takes minutes or never ends, and on ROCm the tuning runs crash or "
+        "break graph capture",
+        ref=REF_AUTOTUNE + "; set by sglang's docker/rocm.Dockerfile",
         env=("TORCHINDUCTOR_MAX_AUTOTUNE",),
     ),
     Setting(
@@ -65,8 +63,7 @@ SAFE: Tuple[Setting, ...] = (
     Setting(
         "inductor.max_autotune_pointwise", False,
         "autotunes every pointwise/reduction kernel at compile time (long first compiles)",
-        ref=REF_AUTOTUNE + "; sglang docker/rocm.Dockerfile sets "
-            "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE=1",
+        ref=REF_AUTOTUNE + "; set by sglang's docker/rocm.Dockerfile",
         env=("TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE",),
     ),
     Setting(
@@ -98,8 +95,7 @@ SAFE: Tuple[Setting, ...] = (
     Setting(
         "inductor.memory_planning", False,
         "torch's default is already off; kept only to undo an environment that turns it on",
-        ref=NO_PUBLIC_REPORT + " of a failure (seen as deep recursion on large graphs in "
-            "AMD tuning notes); torch/_inductor/config.py defaults it off",
+        ref=NO_PUBLIC_REPORT + " of a failure; torch/_inductor/config.py defaults it off",
         env=("TORCHINDUCTOR_MEMORY_PLANNING",),
     ),
     Setting(
@@ -123,8 +119,7 @@ SAFE: Tuple[Setting, ...] = (
         "Inductor forks min(32, CPUs it sees) GPU-attached compile workers; in containers "
         "that see the host's CPUs that oversubscribes the GPU's queues and hangs autotuning. "
         "Capped at the CPUs this process may use and at 16, never raised",
-        ref="pytorch PR 191493 (MI350 KFD runlist oversubscription, 16 workers), PR 191385; "
-            "torch/_inductor/config.py decide_compile_threads",
+        ref="pytorch PR 191493, PR 191385; torch/_inductor/config.py decide_compile_threads",
         at_most=True,
         cap_by=USABLE_CPUS,
         env=("TORCHINDUCTOR_COMPILE_THREADS",),

@@ -1,9 +1,11 @@
-"""The capture fix on torch 2.13 (CPU): where it is installed, and what it does in capture.
+"""Compiles inside graph capture on torch 2.13 (CPU): the capture policy, and torch's own
+behaviour with ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1 (RNG fix, clear error).
 
 A CPU has no graph capture, so "capturing" is reproduced with named STAND-INS for
-``torch.cuda.is_current_stream_capturing``/``get_rng_state``/``set_rng_state`` that behave
-as a capturing pre-2.10 build does (scripts/capture_repro.py). The real GPU run is
-tests/gpu/gpu_checks.py (TESTING.md).
+``torch.cuda.is_initialized``/``is_available``/``is_current_stream_capturing`` (and
+``get_rng_state``/``set_rng_state`` as a capturing pre-2.10 build behaves:
+scripts/capture_repro.py); the compiles are the real torch.compile and Inductor
+(scripts/capture_policy_repro.py). The real GPU run is tests/gpu/gpu_checks.py (TESTING.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import types
 import pytest
 from conftest import ROOT, Venv
 
-from rocm_autopatch import capture_fix
+from rocm_autopatch import capture
 
 INSTALLED = """
 import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
@@ -23,16 +25,70 @@ x = torch.randn(8)
 ok = bool(torch.allclose(f(x), torch.cos(x) + x))
 r = rocm_autopatch.report()
 print(json.dumps({"ok": ok, "marked": getattr(cf._compile, "_rocm_autopatch", False),
+                  "owner": cf._compile.__module__,
                   "fixes": r.fixes, "errors": r.errors}))
 """
 
 
-def test_fix_is_installed_on_the_real_convert_frame_and_compiles_pass(torch_venv: Venv) -> None:
+def test_one_hook_is_installed_on_the_real_convert_frame_and_compiles_pass(
+        torch_venv: Venv) -> None:
     out = torch_venv.json(INSTALLED, env={"ROCM_AUTOPATCH": "force"})
     assert out["ok"] is True and out["marked"] is True and out["errors"] == []
-    assert out["fixes"]["capture_rng"]["status"] == "not needed"  # 2.13 >= 2.10
-    assert "PR 162505" in out["fixes"]["capture_rng"]["reason"]
-    assert out["fixes"]["capture_error"]["status"] == "applied"
+    assert out["owner"] == "rocm_autopatch.compile_frame"
+    assert out["fixes"]["capture_policy"]["status"] == "applied"
+    assert "apply_to_code=False" in out["fixes"]["capture_policy"]["reason"]  # 2.13's form
+    assert "pytorch#185074" in out["fixes"]["capture_policy"]["ref"]
+    # Nothing compiles inside capture under the policy: the RNG fix is not needed.
+    assert out["fixes"]["capture_rng"]["status"] == "not needed"
+    torch_way = torch_venv.json(INSTALLED, env={"ROCM_AUTOPATCH": "force",
+                                                "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"})
+    assert torch_way["fixes"]["capture_policy"]["status"] == "skipped"
+    assert torch_way["fixes"]["capture_rng"]["status"] == "not needed"  # 2.13 >= 2.10
+    assert "PR 162505" in torch_way["fixes"]["capture_rng"]["ref"]
+    assert torch_way["fixes"]["capture_error"]["status"] == "applied"
+
+
+def _policy(venv: Venv, **env: str) -> dict:
+    proc = venv.run(open(ROOT / "scripts" / "capture_policy_repro.py").read(),
+                    env={"ROCM_AUTOPATCH": "force", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def test_capture_policy_runs_eager_once_and_compiles_after(torch_venv: Venv) -> None:
+    out, stderr = _policy(torch_venv)
+    steps = out["steps"]
+    assert all(step["ok"] for step in steps.values())  # every call equals eager
+    assert steps["warm_up"]["compiled"] == ["float32"]
+    # Already compiled and valid: runs from the cache inside capture, nothing declined.
+    assert steps["same_dtype_in_capture"]["compiled"] == []
+    # A new dtype and a first call inside capture: eager, no compile...
+    assert steps["new_dtype_in_capture"]["compiled"] == []
+    assert steps["new_dtype_in_capture_again"]["compiled"] == []
+    assert steps["first_call_in_capture"]["compiled"] == []
+    # ...then compiled normally outside capture: not skipped for good.
+    assert steps["new_dtype_after_capture"]["compiled"] == ["float64"]
+    assert steps["new_dtype_cached"]["compiled"] == []
+    assert steps["first_fn_after_capture"]["compiled"] == ["float32"]
+    # Each declined call is counted (2.13's form asks again on each call inside capture);
+    # the same-dtype call inside capture is not among them.
+    counts = {k.split(" ")[0]: v for k, v in out["eager_in_capture"].items()}
+    assert counts == {"fn": 2, "first_use": 1}
+    warnings = [ln for ln in stderr.splitlines() if "being captured" in ln]
+    assert len(warnings) == 2  # one per function
+    assert "pytorch#185074" in warnings[0] and "warm it up" in warnings[0]
+    assert "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1" in warnings[0]
+    assert out["form"].startswith("ConvertFrameReturn(apply_to_code=False)")
+    assert out["capture_end_hooked"] is False  # only the legacy form needs it
+    assert out["errors"] == []
+
+
+def test_compile_in_capture_gives_torch_behaviour(torch_venv: Venv) -> None:
+    out, stderr = _policy(torch_venv, ROCM_AUTOPATCH_COMPILE_IN_CAPTURE="1")
+    steps = out["steps"]
+    assert steps["new_dtype_in_capture"]["compiled"] == ["float64"]  # torch compiles in capture
+    assert steps["first_call_in_capture"]["compiled"] == ["float32"]
+    assert out["eager_in_capture"] == {} and "being captured" not in stderr
 
 
 def test_not_installed_without_force_on_a_cpu_build(torch_venv: Venv) -> None:
@@ -43,7 +99,8 @@ def test_not_installed_without_force_on_a_cpu_build(torch_venv: Venv) -> None:
 def test_rng_skipped_only_while_capturing_pre_210_reproduction(torch_venv: Venv) -> None:
     for backend in ("aot_eager", "inductor"):
         proc = torch_venv.run(open(ROOT / "scripts" / "capture_repro.py").read(), backend,
-                              env={"ROCM_AUTOPATCH": "force"})
+                              env={"ROCM_AUTOPATCH": "force",
+                                   "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = json.loads(proc.stdout.splitlines()[-1])
         assert out["installed_by_hook"] is True
@@ -56,6 +113,7 @@ def test_rng_skipped_only_while_capturing_pre_210_reproduction(torch_venv: Venv)
 def test_first_compile_inside_capture_gets_a_clear_error(torch_venv: Venv) -> None:
     code = """
 import json, torch
+torch.cuda.is_initialized = lambda: True                   # STAND-IN: a device in use
 torch.cuda.is_available = lambda: True                     # STAND-IN: a device
 torch.cuda.is_current_stream_capturing = lambda: True      # STAND-IN: capturing now
 torch.cuda.get_rng_state = lambda device="cuda": torch.zeros(16, dtype=torch.uint8)  # 2.10+
@@ -70,13 +128,17 @@ except Exception as exc:
     raised = [type(exc).__name__, str(exc)]
 print(json.dumps({"raised": raised}))
 """
-    patched = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    patched = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force",
+                                         "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"})
     name, message = patched["raised"]
     assert name == "CompiledDuringCaptureError"
     assert "for the first time inside CUDA/HIP graph capture" in message
     assert "Warm the compiled function up" in message and "Cannot copy between" in message
     plain = torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
     assert plain["raised"][0] != "CompiledDuringCaptureError"
+    # Under the capture policy (the default) the backend is never reached: runs eagerly.
+    policy = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert policy["raised"] is None
 
 
 @pytest.mark.parametrize("version, expected", [
@@ -85,4 +147,4 @@ print(json.dumps({"raised": raised}))
 ])
 def test_torch_version_is_read_from_release_strings(version: str, expected: tuple) -> None:
     """Which builds need the RNG fix is decided from this (the fix is needed below 2.10)."""
-    assert capture_fix.torch_version(types.SimpleNamespace(__version__=version)) == expected
+    assert capture.torch_version(types.SimpleNamespace(__version__=version)) == expected

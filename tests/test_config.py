@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import Venv
 
-from rocm_autopatch import profiles
+from rocm_autopatch import probe, profiles
 
 READ_ALL = """
 import json, threading
@@ -27,7 +27,10 @@ print(json.dumps({"main": main, "thread": other, "report": r}))
 
 
 def _expected(profile: str) -> dict:
-    return {s.key: s.value for s in profiles.PROFILES[profile]}
+    expected = {s.key: s.value for s in profiles.PROFILES[profile]}
+    # A cap, never a raise: torch's own min(32, CPUs) is already below 16 on small machines.
+    expected["inductor.compile_threads"] = min(16, probe.usable_cpus())
+    return expected
 
 
 @pytest.mark.parametrize("profile", ["safe", "perf"])
@@ -197,3 +200,68 @@ def test_info_log_prints_one_summary_per_config_module(torch_venv: Venv) -> None
                             env={"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_LOG": "info",
                                  "RANK": "3"})
     assert "rocm-autopatch" not in ranked.stderr
+
+
+THREADS = """
+import json, torch, torch._inductor.config as ic, rocm_autopatch
+c = rocm_autopatch.report().config_entry("inductor.compile_threads")
+print(json.dumps({"value": ic.compile_threads, "entry": c.to_dict()}))
+"""
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cpu.max": "100000 100000"}, 1),                                  # cgroup v2, 1 CPU
+    ({"cpu.max": "max 100000"}, None),                                  # v2, no quota
+    ({"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 1),  # v1, 0.5
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),  # v1, none
+])
+def test_compile_threads_capped_by_the_cgroup_quota(torch_venv: Venv, tmp_path, files,
+                                                    expected) -> None:
+    """A FAKE cgroup directory stands for a container's CPU quota."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    out = torch_venv.json(THREADS, env={"ROCM_AUTOPATCH": "force",
+                                        "ROCM_AUTOPATCH_CGROUP_ROOT": str(tmp_path)})
+    cpus = min(16, probe.usable_cpus(str(tmp_path)))
+    assert out["value"] == (expected or cpus) and out["entry"]["after"] == out["value"]
+    assert out["entry"]["status"] == ("applied" if expected and expected < cpus else
+                                      "unchanged")
+    assert "PR 191493" in out["entry"]["ref"]
+
+
+def test_compile_threads_set_by_the_user_is_kept(torch_venv: Venv, tmp_path) -> None:
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
+    out = torch_venv.json(THREADS, env={"ROCM_AUTOPATCH": "force",
+                                        "ROCM_AUTOPATCH_CGROUP_ROOT": str(tmp_path),
+                                        "TORCHINDUCTOR_COMPILE_THREADS": "2"})
+    assert out["value"] == 2
+    assert out["entry"]["status"] == "skipped" and "your value is kept" in \
+        out["entry"]["reason"]
+
+
+ARCH = """
+import json, torch, torch._inductor.config as ic, rocm_autopatch
+c = rocm_autopatch.report().config_entry("inductor.coordinate_descent_tuning")
+print(json.dumps({"value": ic.coordinate_descent_tuning, "entry": c.to_dict()}))
+"""
+
+
+@pytest.mark.parametrize("target, tuned", [(120001, False), (110000, False), (90402, True),
+                                           (None, True)])
+def test_perf_coordinate_descent_depends_on_the_gpu_arch(torch_venv: Venv, tmp_path,
+                                                         target, tuned) -> None:
+    """A FAKE KFD topology stands for the GPU (gfx1201, gfx1100, gfx942, none)."""
+    node = tmp_path / "1"
+    node.mkdir()
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "properties").write_text("gfx_target_version 0\n")  # the CPU node
+    if target:
+        (node / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {target}\n")
+    out = torch_venv.json(ARCH, env={"ROCM_AUTOPATCH": "force",
+                                     "ROCM_AUTOPATCH_PROFILE": "perf",
+                                     "ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)})
+    assert out["value"] is tuned
+    if not tuned:
+        assert "not used on gfx1" in out["entry"]["reason"]
+        assert "pytorch#193658" in out["entry"]["reason"]

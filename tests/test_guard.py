@@ -44,7 +44,7 @@ EXPECTED = {
     "call": [{"mode": "default", "options": None}],
     "decorator_bare": [{"mode": "default", "options": None}],  # torch turns None into default
     "decorator_mode": [{"mode": "default", "options": None}],
-    "module_compile": [{"mode": "max-autotune-no-cudagraphs", "options": None}],
+    "module_compile": [{"mode": "default", "options": None}],  # safe: no autotuning either
     "compiler_compile": [{"mode": "default", "options": None}],
     "partial": [{"mode": "default", "options": None}],
     "from_import": [{"mode": "default", "options": None}],
@@ -60,7 +60,7 @@ REPORT = """
 import rocm_autopatch
 r = rocm_autopatch.report()
 print(json.dumps({"out": out, "received": RECEIVED,
-                  "rewrites": [[w.before, w.after, w.call_site, w.count]
+                  "rewrites": [[w.before, w.after, w.call_site, w.count, w.reason]
                                for w in r.compile_rewrites]}))
 """
 
@@ -119,13 +119,108 @@ out = check(f)
 
 @pytest.mark.parametrize("kwargs", [
     {"backend": "eager", "mode": "reduce-overhead"},
+    {"backend": "eager", "mode": "max-autotune"},
     {"backend": "aot_eager", "options": {"triton.cudagraphs": True}},
     {"backend": "cudagraphs"},
-    {"mode": "lite"}, {"mode": "no-such-mode"}, {"mode": "max-autotune-no-cudagraphs"},
-    {"options": {"triton.cudagraphs": False}},
+    {"backend": lambda gm, inputs: gm, "mode": "max-autotune"},   # vLLM-style callable
+    {"mode": "lite"}, {"mode": "no-such-mode"}, {"mode": "default"},
+    {"options": {"triton.cudagraphs": False, "max_autotune": False}},
+    {"options": {"guard_filter_fn": print}},           # an option we don't know: untouched
+    {"mode": "default", "recompile_limit": 4},          # newer kwargs pass through
 ])
 def test_rewrite_leaves_other_backends_and_modes_alone(kwargs: dict) -> None:
-    assert compile_guard.rewrite(kwargs) is None
+    for allowed in (compile_guard.Policy(False, False), compile_guard.Policy(False, True)):
+        assert compile_guard.rewrite(kwargs, allowed) is None
+
+
+P = compile_guard.Policy
+# (what was asked, policy) -> what torch gets, what was removed. policy: graphs, tuning.
+TABLE = [
+    ({"mode": "max-autotune"}, P(False, False), {"mode": "default"}, ("graphs", "tuning")),
+    ({"mode": "max-autotune"}, P(False, True), {"mode": "max-autotune-no-cudagraphs"},
+     ("graphs",)),
+    ({"mode": "max-autotune"}, P(True, False), {"mode": "reduce-overhead"}, ("tuning",)),
+    ({"mode": "max-autotune-no-cudagraphs"}, P(False, False), {"mode": "default"},
+     ("tuning",)),
+    ({"mode": "reduce-overhead"}, P(False, True), {"mode": "default"}, ("graphs",)),
+    ({"options": {"max_autotune": True, "epilogue_fusion": False}}, P(False, False),
+     {"options": {"epilogue_fusion": False}}, ("tuning",)),
+    ({"options": {"coordinate_descent_tuning": 1, "max_autotune_gemm": True,
+                  "max_autotune_pointwise": True}}, P(False, False), {"options": None},
+     ("tuning",)),
+    ({"options": {"max_autotune": True, "triton.cudagraphs": True}}, P(False, True),
+     {"options": {"max_autotune": True}}, ("graphs",)),
+]
+
+
+@pytest.mark.parametrize("asked, allowed, gets, removed", TABLE)
+def test_rewrite_table(asked: dict, allowed, gets: dict, removed: tuple) -> None:
+    assert compile_guard.rewrite(asked, allowed) == (gets, removed)
+
+
+AUTOTUNE = SPY + """
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+ref = m(x)
+a = torch.compile(m, mode="max-autotune")
+b = torch.compile(m, mode="max-autotune-no-cudagraphs")
+c = torch.compile(m, options={"max_autotune": True, "coordinate_descent_tuning": True,
+                              "epilogue_fusion": True})
+out = all(bool(torch.allclose(f(x), ref, atol=1e-5)) for f in (a, b, c))
+""" + REPORT
+
+
+@pytest.mark.parametrize("env, received", [
+    ({}, [{"mode": "default", "options": None}, {"mode": "default", "options": None},
+          {"mode": None, "options": {"epilogue_fusion": True}}]),
+    ({"ROCM_AUTOPATCH_PROFILE": "perf"},
+     [{"mode": "max-autotune-no-cudagraphs", "options": None},
+      {"mode": "max-autotune-no-cudagraphs", "options": None},
+      {"mode": None, "options": {"max_autotune": True, "coordinate_descent_tuning": True,
+                                 "epilogue_fusion": True}}]),
+    ({"INDUCTOR_MAX_AUTOTUNE": "1"},  # the escape hatch keeps per-call tuning under safe
+     [{"mode": "max-autotune-no-cudagraphs", "options": None},
+      {"mode": "max-autotune-no-cudagraphs", "options": None},
+      {"mode": None, "options": {"max_autotune": True, "coordinate_descent_tuning": True,
+                                 "epilogue_fusion": True}}]),
+    ({"INDUCTOR_MAX_AUTOTUNE": "1", "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS": "1"},
+     [{"mode": "max-autotune", "options": None},
+      {"mode": "max-autotune-no-cudagraphs", "options": None},
+      {"mode": None, "options": {"max_autotune": True, "coordinate_descent_tuning": True,
+                                 "epilogue_fusion": True}}]),
+])
+def test_autotuning_asked_for_in_code(torch_venv: Venv, env: dict, received: list) -> None:
+    """Spied on what reaches Inductor: safe removes tuning from every source; perf and
+    INDUCTOR_MAX_AUTOTUNE=1 keep it (without graphs unless those are allowed too)."""
+    import json
+
+    proc = torch_venv.run(AUTOTUNE, env={"ROCM_AUTOPATCH": "force", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["out"] is True and out["received"] == received
+    warnings = [ln for ln in proc.stderr.splitlines() if "runs as torch.compile(" in ln]
+    assert len(warnings) == len(out["rewrites"])  # one per call site
+    if not env:
+        assert len(warnings) == 3
+        assert all("ROCm/pytorch#3548" in w and "INDUCTOR_MAX_AUTOTUNE=1" in w
+                   for w in warnings)
+        assert all(r[4] and "pytorch#193735" in r[4] for r in out["rewrites"])
+        assert "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS=1" in warnings[0]  # max-autotune: graphs too
+        assert "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS" not in warnings[1]
+    if env.get("ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"):
+        assert out["rewrites"] == [] and warnings == []
+
+
+def test_environment_autotuning_stays_neutralised_under_perf(torch_venv: Venv) -> None:
+    """TORCHINDUCTOR_MAX_AUTOTUNE=1 from a container image is invisible to the script's
+    author: neutralised in both profiles (only per-call tuning is kept under perf)."""
+    code = "import json, torch, torch._inductor.config as ic\n" \
+           "print(json.dumps([ic.max_autotune, ic.max_autotune_pointwise]))"
+    for profile in ("safe", "perf"):
+        out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force",
+                                         "ROCM_AUTOPATCH_PROFILE": profile,
+                                         "TORCHINDUCTOR_MAX_AUTOTUNE": "1",
+                                         "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "1"})
+        assert out == [False, False], profile
 
 
 def test_guard_is_pickled_and_inspected_like_the_original(torch_venv: Venv) -> None:
