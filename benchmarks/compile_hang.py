@@ -9,7 +9,10 @@ killed at --limit seconds, recorded as "did not finish":
   autotune           - TORCHINDUCTOR_MAX_AUTOTUNE=1, package off (what many images ship)
   autotune+package   - TORCHINDUCTOR_MAX_AUTOTUNE=1, ROCM_AUTOPATCH=force (safe profile)
   clean+package      - package on, nothing set
-Target: autotune+package within 1.1x of clean. Prints a table last.
+  max-autotune       - torch.compile(mode="max-autotune") in code, package off
+  max-autotune+safe  - the same call, package on, safe profile (runs as "default")
+  max-autotune+perf  - the same call, package on, perf profile (keeps tuning, no graphs)
+Targets: autotune+package and max-autotune+safe within 1.1x of clean. Prints a table last.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from common import child_cwd, child_env, meta, save
 CHILD = r"""
 import json, sys, time, torch
 shapes = int(sys.argv[1])
+mode = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
 torch.manual_seed(0)
 # Distinct widths, so every Linear is a GEMM of its own shape (M=batch*seq, K, N).
 widths = [256 + 64 * ((i * 7) % (shapes + 1)) for i in range(shapes + 1)]
@@ -37,7 +41,7 @@ model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
 x = torch.randn(512, widths[0], device="cuda", dtype=torch.bfloat16)
 with torch.no_grad():
     ref = model(x)
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, mode=mode)
     torch.cuda.synchronize()
     start = time.perf_counter()
     out = compiled(x)
@@ -62,7 +66,11 @@ ARMS = {
     "autotune": {"ROCM_AUTOPATCH": "0", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"},
     "autotune+package": {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_MAX_AUTOTUNE": "1"},
     "clean+package": {"ROCM_AUTOPATCH": "force"},
+    "max-autotune": {"ROCM_AUTOPATCH": "0"},
+    "max-autotune+safe": {"ROCM_AUTOPATCH": "force"},
+    "max-autotune+perf": {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_PROFILE": "perf"},
 }
+MODE = {name: "max-autotune" for name in ARMS if name.startswith("max-autotune")}
 
 
 def run_arm(name: str, shapes: int, limit: float) -> dict:
@@ -72,7 +80,8 @@ def run_arm(name: str, shapes: int, limit: float) -> dict:
         env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
         start = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(shapes)], env=env,
+            proc = subprocess.run([sys.executable, "-c", CHILD, str(shapes),
+                                   MODE.get(name, "")], env=env,
                                   capture_output=True, text=True, timeout=limit, cwd=child_cwd())
         except subprocess.TimeoutExpired:
             return {"arm": name, "status": "did not finish", "wall_s": limit}
@@ -98,12 +107,12 @@ def main() -> None:
         if clean and r["status"] == "ok":
             r["vs_clean"] = r["compile_s"] / clean["compile_s"]
     save(args.json, meta(torch, shapes=args.shapes, limit_s=args.limit), results)
-    print(f"{'arm':<18}{'status':<16}{'compile s':>10}{'vs clean':>10}{'autotune':>10}"
+    print(f"{'arm':<20}{'status':<16}{'compile s':>10}{'vs clean':>10}{'autotune':>10}"
           f"{'backends':>20}")
     for r in results:
         compile_s = f"{r['compile_s']:.1f}" if "compile_s" in r else f">{r['wall_s']:.0f}"
         ratio = f"{r['vs_clean']:.2f}x" if "vs_clean" in r else "-"
-        print(f"{r['arm']:<18}{r['status']:<16}{compile_s:>10}{ratio:>10}"
+        print(f"{r['arm']:<20}{r['status']:<16}{compile_s:>10}{ratio:>10}"
               f"{str(r.get('max_autotune', '-')):>10}{str(r.get('backends', '-')):>20}")
 
 

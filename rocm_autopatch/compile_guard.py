@@ -68,15 +68,16 @@ _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _flag(var: str, what_if_bad: str) -> bool:
+def _flag(var: str, what_if_bad: str, warn: bool = True) -> bool:
     raw = os.environ.get(var, "")
     value = raw.strip().lower()
     if value in FALSE_WORDS:
         return False
     if value in TRUE_WORDS:
         return True
-    log.warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: 1/true/on/yes "
-                  f"or 0/false/off/no. {what_if_bad}")
+    if warn:
+            log.warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: "
+                      f"1/true/on/yes or 0/false/off/no. {what_if_bad}")
     return False
 
 
@@ -87,7 +88,8 @@ def graphs_allowed() -> bool:
 def policy() -> Policy:
     """The escape hatches and the profile, read from the environment on each call."""
     profile = record.REPORT.profile
-    tuning = profile == "perf" or _flag(ENV_KEEP_TUNING, "Autotuning stays off.")
+    # INDUCTOR_MAX_AUTOTUNE is an override like any other: overrides.py warns about a bad one.
+    tuning = profile == "perf" or _flag(ENV_KEEP_TUNING, "", warn=False)
     return Policy(graphs=graphs_allowed(), tuning=tuning)
 
 

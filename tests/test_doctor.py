@@ -81,10 +81,15 @@ def test_json_schema(torch_venv: Venv) -> None:
     assert report["active"] is True and report["platform"] == "cpu" and report["forced"]
     assert {c["key"] for c in report["config"]} == safe_keys()
     for entry in report["config"]:
-        assert set(entry) >= {"key", "before", "after", "source", "status", "reason"}
+        assert set(entry) >= {"key", "before", "after", "source", "status", "reason",
+                              "why", "ref"}
         assert entry["status"] in ("applied", "unchanged", "skipped", "failed")
-    assert set(report["fixes"]) == {"compile_guard", "compile_watchdog", "capture_rng",
-                                    "capture_error"}
+        assert entry["why"] and entry["ref"]  # every rule says why, with its evidence
+        assert "seed" not in entry["why"] + entry["ref"] and "FINDINGS" not in entry["ref"]
+    assert set(report["fixes"]) == {"compile_guard", "compile_watchdog", "capture_policy",
+                                    "capture_rng", "capture_error"}
+    assert all(fix.get("ref") for name, fix in report["fixes"].items()
+               if name != "compile_watchdog")
     assert data["gpus"] == [] and data["healthy"] is True
 
 

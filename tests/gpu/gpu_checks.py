@@ -80,7 +80,7 @@ def reduce_overhead() -> Dict[str, Any]:
 
 
 def manual_capture() -> Dict[str, Any]:
-    """Issue 5: seed 002's workflow (warm up, capture with a pool, replay in a loop)."""
+    """Warm up, capture with a pool, replay in a loop: the compiled kernels are captured."""
     import torch
 
     model = _block()
@@ -92,36 +92,70 @@ def manual_capture() -> Dict[str, Any]:
         torch.cuda.synchronize()
         pool = torch.cuda.graphs.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
+        before = _graphs()
         with torch.cuda.graph(graph, pool=pool):
             static_out = compiled(static_x)
+        compiled_during = _graphs() - before
         diffs = []
         for _ in range(5):
             static_x.copy_(torch.randn_like(static_x))
             graph.replay()
             torch.cuda.synchronize()
             diffs.append(float((static_out - model(static_x)).abs().max()))
-    return {"replays": len(diffs), "max_abs_diff": max(diffs)}
+    return {"replays": len(diffs), "max_abs_diff": max(diffs),
+            "compiled_during_capture": compiled_during, "eager_in_capture": _eager_in_capture(),
+            "graphs_compiled": _graphs()}
 
 
-def _recompile_in_capture() -> Dict[str, Any]:
+def _graphs() -> int:
+    """Graphs Dynamo has compiled so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _eager_in_capture() -> Dict[str, int]:
+    try:
+        import rocm_autopatch
+
+        return dict(rocm_autopatch.report().eager_in_capture)
+    except ImportError:
+        return {}
+
+
+def _recompile_in_capture(warm_up: bool = True) -> Dict[str, Any]:
+    """A new dtype (or, without warm-up, a first call) inside capture; then the same call
+    after capture. Reports compiles during/after capture and replay correctness."""
     import torch
 
     f = torch.compile(lambda x: torch.nn.functional.silu(x) * 2 + 1)
-    x32 = torch.randn(64, device="cuda")
-    f(x32)  # warm-up: Inductor's lazy init happens outside capture
+    if warm_up:
+        f(torch.randn(64, device="cuda"))  # Inductor's lazy init happens outside capture
+    else:  # Inductor's lazy init outside capture, on another function: only f is new
+        torch.compile(lambda x: x * 3)(torch.randn(8, device="cuda"))
     torch.cuda.synchronize()
     x16 = torch.randn(64, device="cuda", dtype=torch.half)
     graph = torch.cuda.CUDAGraph()
+    before = _graphs()
     try:
         with torch.cuda.graph(graph):
-            out = f(x16)  # new dtype: a recompile during capture
+            out = f(x16)  # new dtype / first call: a compile during capture
     except Exception as exc:  # noqa: BLE001 - the scenario reports it
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    x16.copy_(torch.randn_like(x16))
-    graph.replay()
-    torch.cuda.synchronize()
-    ref = torch.nn.functional.silu(x16) * 2 + 1
-    return {"ok": True, "max_abs_diff": float((out - ref).abs().max())}
+    during = _graphs() - before
+    diffs = []
+    for _ in range(3):
+        x16.copy_(torch.randn_like(x16))
+        graph.replay()
+        torch.cuda.synchronize()
+        diffs.append(float((out - (torch.nn.functional.silu(x16) * 2 + 1)).abs().max()))
+    before = _graphs()
+    after_out = f(x16)  # outside capture: compiles now (policy) or hits the cache (torch)
+    after = _graphs() - before
+    return {"ok": True, "max_abs_diff": max(diffs), "compiled_during_capture": during,
+            "compiled_after_capture": after, "eager_in_capture": _eager_in_capture(),
+            "after_ok": bool(torch.allclose(after_out, torch.nn.functional.silu(x16) * 2 + 1,
+                                            atol=1e-2))}
 
 
 def _raise_rng_during_capture() -> None:
@@ -144,8 +178,13 @@ def _raise_rng_during_capture() -> None:
 
 
 def recompile_in_capture() -> Dict[str, Any]:
-    """Issue 5: after warm-up, a recompile (new dtype) during capture, on torch 2.11."""
+    """After warm-up, a recompile (new dtype) during capture."""
     return _recompile_in_capture()
+
+
+def first_call_in_capture() -> Dict[str, Any]:
+    """A compiled function called for the first time inside capture."""
+    return _recompile_in_capture(warm_up=False)
 
 
 def old_rng_without_fix() -> Dict[str, Any]:
@@ -158,18 +197,20 @@ def old_rng_with_fix() -> Dict[str, Any]:
     """Pre-2.10 RNG behaviour with the fix as installed on torch < 2.10 (skip_rng=True)."""
     import torch._dynamo.convert_frame as cf
 
-    from rocm_autopatch import capture_fix
+    from rocm_autopatch import compile_frame
 
     _raise_rng_during_capture()
     import torch
 
     original = getattr(cf._compile, "__wrapped__", cf._compile)
-    cf._compile = capture_fix.make_wrapper(torch, original, skip_rng=True)
+    cf._compile = compile_frame.make_wrapper(torch, original, eager=False,
+                                             decline=lambda: None, skip_rng=True, seconds=0)
     return _recompile_in_capture()
 
 
 def first_compile_in_capture() -> Dict[str, Any]:
-    """Issue 5: a function compiled for the first time inside capture: a clear error."""
+    """The very first compile of the process inside capture (Inductor's lazy init too):
+    a clear error with torch's behaviour, eager under the policy."""
     import torch
 
     f = torch.compile(lambda x: torch.nn.functional.gelu(x) + 1)
@@ -177,14 +218,18 @@ def first_compile_in_capture() -> Dict[str, Any]:
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            f(x)
+            out = f(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        diff = float((out - (torch.nn.functional.gelu(x) + 1)).abs().max())
+        return {"raised": [], "message": "", "max_abs_diff": diff,
+                "eager_in_capture": _eager_in_capture()}
     except Exception as exc:  # noqa: BLE001 - the scenario reports it
         chain = []
         while exc is not None:
             chain.append(type(exc).__name__)
             exc = exc.__cause__ or exc.__context__
         return {"raised": chain, "message": str(sys.exc_info()[1])[:400]}
-    return {"raised": [], "message": ""}
 
 
 SCENARIOS: Dict[str, tuple] = {
@@ -192,9 +237,15 @@ SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
     "manual_capture": (manual_capture, {"ROCM_AUTOPATCH": "force"}),
     "recompile_in_capture": (recompile_in_capture, {"ROCM_AUTOPATCH": "force"}),
+    "first_call_in_capture": (first_call_in_capture, {"ROCM_AUTOPATCH": "force"}),
+    "recompile_in_capture_torch": (recompile_in_capture, {
+        "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"}),
+    "recompile_in_capture_plain": (recompile_in_capture, {"ROCM_AUTOPATCH": "0"}),
     "old_rng_without_fix": (old_rng_without_fix, {"ROCM_AUTOPATCH": "0"}),
     "old_rng_with_fix": (old_rng_with_fix, {"ROCM_AUTOPATCH": "force"}),
-    "first_compile_in_capture_patched": (first_compile_in_capture, {"ROCM_AUTOPATCH": "force"}),
+    "first_compile_in_capture_patched": (first_compile_in_capture, {
+        "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"}),
+    "first_compile_in_capture_policy": (first_compile_in_capture, {"ROCM_AUTOPATCH": "force"}),
     "first_compile_in_capture_plain": (first_compile_in_capture, {"ROCM_AUTOPATCH": "0"}),
 }
 

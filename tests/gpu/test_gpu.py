@@ -29,10 +29,26 @@ def test_reduce_overhead_makes_no_inductor_cuda_graph(results: dict) -> None:
     assert results["reduce_overhead_plain"]["captures"] > 0  # without us torch does
 
 
-def test_manual_capture_and_recompile_in_capture(results: dict) -> None:
-    assert results["manual_capture"]["replays"] == 5
-    assert results["manual_capture"]["max_abs_diff"] < 1e-2
-    assert results["recompile_in_capture"]["ok"] is True
+def test_warm_up_then_capture_replays_compiled_kernels(results: dict) -> None:
+    manual = results["manual_capture"]
+    assert manual["replays"] == 5 and manual["max_abs_diff"] < 1e-2
+    assert manual["compiled_during_capture"] == 0 and manual["eager_in_capture"] == {}
+    assert manual["graphs_compiled"] >= 1
+
+
+@pytest.mark.parametrize("name", ["recompile_in_capture", "first_call_in_capture"])
+def test_capture_policy_runs_eager_then_compiles_after(results: dict, name: str) -> None:
+    out = results[name]
+    assert out["ok"] is True and out["max_abs_diff"] < 1e-2 and out["after_ok"] is True
+    assert out["compiled_during_capture"] == 0 and out["compiled_after_capture"] == 1
+    assert sum(out["eager_in_capture"].values()) == 1
+
+
+def test_compile_in_capture_gives_torch_behaviour(results: dict) -> None:
+    for name in ("recompile_in_capture_torch", "recompile_in_capture_plain"):
+        out = results[name]
+        assert out["ok"] is True and out["max_abs_diff"] < 1e-2, name
+        assert out["compiled_during_capture"] == 1 and out["compiled_after_capture"] == 0
 
 
 def test_pre_210_rng_failure_and_fix(results: dict) -> None:
@@ -40,8 +56,10 @@ def test_pre_210_rng_failure_and_fix(results: dict) -> None:
     assert results["old_rng_with_fix"]["ok"] is True
 
 
-def test_first_compile_in_capture_is_a_clear_error(results: dict) -> None:
+def test_first_compile_in_capture(results: dict) -> None:
     assert results["first_compile_in_capture_patched"]["raised"][0] == \
         "CompiledDuringCaptureError"
     assert "CompiledDuringCaptureError" not in \
         results["first_compile_in_capture_plain"]["raised"]
+    policy = results["first_compile_in_capture_policy"]
+    assert policy["raised"] == [] and policy["max_abs_diff"] < 1e-2
