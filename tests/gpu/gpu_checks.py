@@ -96,15 +96,24 @@ def manual_capture() -> Dict[str, Any]:
         with torch.cuda.graph(graph, pool=pool):
             static_out = compiled(static_x)
         compiled_during = _graphs() - before
-        diffs = []
-        for _ in range(5):
-            static_x.copy_(torch.randn_like(static_x))
-            graph.replay()
-            torch.cuda.synchronize()
-            diffs.append(float((static_out - model(static_x)).abs().max()))
+        diffs = _replay(graph, static_x, static_out, model, 5)
     return {"replays": len(diffs), "max_abs_diff": max(diffs),
             "compiled_during_capture": compiled_during, "eager_in_capture": _eager_in_capture(),
             "graphs_compiled": _graphs()}
+
+
+def _replay(graph: Any, static_in: Any, static_out: Any, eager: Callable[[Any], Any],
+            times: int) -> list:
+    """Replay ``graph`` on fresh inputs; the max abs difference from eager, each time."""
+    import torch
+
+    diffs = []
+    for _ in range(times):
+        static_in.copy_(torch.randn_like(static_in))
+        graph.replay()
+        torch.cuda.synchronize()
+        diffs.append(float((static_out - eager(static_in)).abs().max()))
+    return diffs
 
 
 def _graphs() -> int:
@@ -143,12 +152,7 @@ def _recompile_in_capture(warm_up: bool = True) -> Dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the scenario reports it
         return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     during = _graphs() - before
-    diffs = []
-    for _ in range(3):
-        x16.copy_(torch.randn_like(x16))
-        graph.replay()
-        torch.cuda.synchronize()
-        diffs.append(float((out - (torch.nn.functional.silu(x16) * 2 + 1)).abs().max()))
+    diffs = _replay(graph, x16, out, lambda x: torch.nn.functional.silu(x) * 2 + 1, 3)
     before = _graphs()
     after_out = f(x16)  # outside capture: compiles now (policy) or hits the cache (torch)
     after = _graphs() - before
