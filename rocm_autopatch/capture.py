@@ -11,8 +11,9 @@ safely), one warning per function says so, and the frame compiles normally the n
 it runs outside capture. Code already compiled and still valid is not affected: Dynamo
 runs it from its cache without asking to compile. The "run eagerly this once" answer
 differs by release (``decline_form``): from the release where ``ConvertFrameReturn`` has
-``apply_to_code`` it is ``ConvertFrameReturn(apply_to_code=False)``; before (2.4-2.9,
-``_compile`` returns ``Optional[GuardedCode]``) ``None`` marks the code skipped for good,
+``apply_to_code`` it is ``ConvertFrameReturn(apply_to_code=False)`` (seen in 2.9-2.14);
+before (seen in 2.4 and 2.6, where ``_compile`` returns ``Optional[GuardedCode]``)
+``None`` marks the code skipped for good,
 so the code is un-skipped with ``reset_code`` when the capture ends
 (``CUDAGraph.capture_end``).
 
