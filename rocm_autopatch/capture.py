@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
@@ -69,15 +68,8 @@ def torch_version(torch: types.ModuleType) -> Tuple[int, int]:
 
 def compile_in_capture() -> bool:
     """``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE``: True gives torch's own behaviour."""
-    raw = os.environ.get(ENV, "")
-    value = raw.strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value not in ("", "0", "false", "off", "no"):
-        log.warn_once(("env", ENV), f"{ENV}={raw!r} is not understood; accepted: 1/true/on/"
-                      "yes (compile inside capture, torch's behaviour) or 0/false/off/no. "
-                      "Compiles inside capture run eagerly.")
-    return False
+    return log.env_flag(ENV, "Compiles inside capture run eagerly (set 1 for torch's "
+                        "behaviour: compiling inside capture).")
 
 
 def capturing(torch: types.ModuleType) -> bool:

@@ -34,8 +34,6 @@ from rocm_autopatch import log, profiles, record
 
 ENV_ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
 ENV_KEEP_TUNING = profiles.OVERRIDE_PREFIX + "MAX_AUTOTUNE"
-TRUE_WORDS = ("1", "true", "on", "yes")
-FALSE_WORDS = ("", "0", "false", "off", "no")
 
 
 class Policy(NamedTuple):
@@ -68,28 +66,15 @@ _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _flag(var: str, what_if_bad: str, warn: bool = True) -> bool:
-    raw = os.environ.get(var, "")
-    value = raw.strip().lower()
-    if value in FALSE_WORDS:
-        return False
-    if value in TRUE_WORDS:
-        return True
-    if warn:
-            log.warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: "
-                      f"1/true/on/yes or 0/false/off/no. {what_if_bad}")
-    return False
-
-
 def graphs_allowed() -> bool:
-    return _flag(ENV_ALLOW_GRAPHS, "CUDA graphs stay off.")
+    return log.env_flag(ENV_ALLOW_GRAPHS, "CUDA graphs stay off.")
 
 
 def policy() -> Policy:
     """The escape hatches and the profile, read from the environment on each call."""
     profile = record.REPORT.profile
     # INDUCTOR_MAX_AUTOTUNE is an override like any other: overrides.py warns about a bad one.
-    tuning = profile == "perf" or _flag(ENV_KEEP_TUNING, "", warn=False)
+    tuning = profile == "perf" or log.env_flag(ENV_KEEP_TUNING, "", warn=False)
     return Policy(graphs=graphs_allowed(), tuning=tuning)
 
 

@@ -71,6 +71,23 @@ def warn_once(key: Hashable, message: str) -> bool:
     return True
 
 
+TRUE_WORDS = ("1", "true", "on", "yes")
+FALSE_WORDS = ("", "0", "false", "off", "no")  # unset is off
+
+
+def env_flag(var: str, what_if_bad: str, warn: bool = True) -> bool:
+    """A yes/no environment variable; anything else is off, with one warning (``warn``)
+    that names the variable, what is accepted and ``what_if_bad`` (what happens instead)."""
+    raw = os.environ.get(var, "")
+    value = raw.strip().lower()
+    if value in TRUE_WORDS:
+        return True
+    if value not in FALSE_WORDS and warn:
+        warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: 1/true/on/yes "
+                  f"or 0/false/off/no. {what_if_bad}")
+    return False
+
+
 def is_rank_zero() -> bool:
     for var in ("RANK", "LOCAL_RANK"):
         value = os.environ.get(var)
