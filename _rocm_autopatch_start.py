@@ -1,84 +1,93 @@
-"""Interpreter start-up for rocm-autopatch: the only code of ours that every Python runs.
+"""Interpreter start-up for rocm-autopatch: the trigger that every Python runs.
 
-Loaded by ``rocm_autopatch.pth`` (and named by ``rocm_autopatch.start`` on Python 3.15+).
-It reads ``ROCM_AUTOPATCH`` and puts one tiny finder at the front of ``sys.meta_path``
-that waits for the program's first ``import torch``; only then is the ``rocm_autopatch``
-package loaded (``rocm_autopatch.bootstrap.activate``). It is one top-level module, not
-part of the package, because each module loaded at start-up costs ~0.2 ms (BENCHMARKS.md).
-Stdlib only (``os`` and ``sys``, which site has already loaded), nothing on stdout, never
-raises.
+``TRIGGER`` is the whole start-up: a few lines that put one tiny finder at the front of
+``sys.meta_path`` and wait for the program's first ``import torch``; only then is the
+``rocm_autopatch`` package loaded (``rocm_autopatch.bootstrap.take_over``). It reaches a
+process by one of four paths, all ending in the same idempotent ``install``:
+
+- ``rocm_autopatch.pth``: the trigger's source is written into the .pth line itself, so
+  no module is loaded at start-up. site compiles a .pth line from source at every start
+  anyway; a module would be compiled too wherever no bytecode cache exists (a uv install,
+  ``PYTHONDONTWRITEBYTECODE=1``): +2.5 ms per process (BENCHMARKS.md, start-up).
+  Regenerate the file with ``python _rocm_autopatch_start.py > rocm_autopatch.pth``.
+- ``rocm_autopatch.start`` (Python 3.15+, PEP 829): names ``start`` below; it replaces the
+  .pth line on those Pythons.
+- torch's backend autoload (the ``torch.backends`` entry point, torch >= 2.5, run at the
+  end of ``import torch``): ``autoload`` below, for layouts where no .pth is processed.
+- ``rocm-autopatch run`` (the launcher) and the doctor call ``start``.
+
+Stdlib only, nothing on stdout, never raises: this runs in every Python process, pip's too.
 """
 
-import os
 import sys
 
-# The one definition of ROCM_AUTOPATCH's values (the .pth line repeats OFF_VALUES so that
-# "off" loads nothing at all); rocm_autopatch.bootstrap reads them from here.
+# The one definition of ROCM_AUTOPATCH's values; rocm_autopatch.bootstrap reads them here.
 ENV_MODE = "ROCM_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no")
 AUTO_VALUES = ("", "1", "on", "auto", "true", "yes")
 FORCE_VALUES = ("force",)
-# Values that need nothing more until torch is imported; anything else (an unknown value to
-# warn about) activates at once.
-WAIT_VALUES = AUTO_VALUES + FORCE_VALUES
 
-
-class _Inert:
-    def find_spec(self, name, path=None, target=None):
-        return None
-
-
+# The trigger, run with a fresh globals dict by the .pth line at every interpreter start
+# (compiled from source each time: every line here costs; BENCHMARKS.md, start-up) and by
+# start() below. ``take_over`` loads the package and answers every later import through
+# the post-import finder; the bookkeeping of non-.pth paths is in start(), not here.
+TRIGGER = f"""\
+import os, sys
 class TorchImportTrigger:
-    """Costs one comparison per import until torch is imported, then delegates.
-
-    It stays in ``sys.meta_path`` for good: another thread may be walking that list, and
-    removing an entry under it can make that thread skip a finder. After the first
-    ``import torch`` it forwards to the package's post-import finder (inert where the
-    package turned out to have nothing to do).
-    """
-
-    rocm_autopatch = True  # how start() recognises an installed trigger, across reloads
-    finder = None
-
+    rocm_autopatch = True
+    via = globals().get("VIA", ".pth")
+    reached = (via,)
     def find_spec(self, name, path=None, target=None):
-        finder = self.finder
-        if finder is None:
-            if name != "torch":
-                return None
-            finder = self.activate()
-        return finder.find_spec(name, path, target)
-
-    def activate(self):
-        try:
-            from rocm_autopatch import bootstrap
-
-            self.finder = bootstrap.activate() or _Inert()
-        except Exception as exc:  # noqa: BLE001 - never break the user's import
-            self.finder = _Inert()
+        if name == "torch":
             try:
-                sys.stderr.write(f"rocm-autopatch: warning: start-up failed, inactive: {exc!r}\n")
-            except Exception:  # noqa: BLE001
-                pass
-        return self.finder
+                from rocm_autopatch.bootstrap import take_over
+            except Exception:
+                self.find_spec = lambda *args: None
+            else:
+                return take_over(self, name, path, target)
+if os.environ.get({ENV_MODE!r}, "").strip().lower() not in {OFF_VALUES!r} and not any(
+        getattr(f, "rocm_autopatch", False) for f in sys.meta_path):
+    sys.meta_path.insert(0, TorchImportTrigger())
+    "torch" in sys.modules and sys.meta_path[0].find_spec("torch")
+"""
+
+
+def pth_line() -> str:
+    """The content of ``rocm_autopatch.pth``: one line, which site runs as it starts."""
+    return f"import os; exec({TRIGGER!r}, {{}})\n"
 
 
 def installed():
-    """The trigger in ``sys.meta_path``, if start() has run in this process."""
+    """The trigger in ``sys.meta_path``, if any path has installed it in this process."""
     for finder in sys.meta_path:
         if getattr(finder, "rocm_autopatch", False):
             return finder
     return None
 
 
-def start():
-    """The single, idempotent start-up call (.pth, .start, the launcher, the doctor)."""
+def start(via: str = ".start"):
+    """The single, idempotent start-up call (.start, the launcher, the doctor, torch's
+    autoload): installs the trigger if no other path has, and records ``via``."""
     try:
-        raw = os.environ.get(ENV_MODE, "").strip().lower()
-        if raw in OFF_VALUES or installed() is not None:
-            return
-        trigger = TorchImportTrigger()
-        sys.meta_path.insert(0, trigger)
-        if raw not in WAIT_VALUES or "torch" in sys.modules:
-            trigger.activate()  # warn about the value now / torch came first (another .pth)
+        exec(TRIGGER, {"VIA": via})  # installs it, unless off or already installed
+        trigger = installed()
+        if trigger is None:  # ROCM_AUTOPATCH=0
+            return None
+        if via not in trigger.reached:
+            trigger.reached = (*trigger.reached, via)
+        if "torch" in sys.modules:  # torch came first (torch's autoload, another .pth)
+            from rocm_autopatch.bootstrap import take_over
+
+            take_over(trigger, "torch")  # idempotent
+        return trigger
     except Exception:  # noqa: BLE001 - start-up must never break an interpreter
-        pass
+        return None
+
+
+def autoload() -> None:
+    """torch's ``torch.backends`` entry point: an exception here would fail ``import torch``."""
+    start("torch.backends entry point")
+
+
+if __name__ == "__main__":
+    sys.stdout.write(pth_line())

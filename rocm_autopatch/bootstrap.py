@@ -1,9 +1,9 @@
 """Activation: read ``ROCM_AUTOPATCH`` and build the post-import hooks on torch's modules.
 
-Called once, by the start-up trigger (``_rocm_autopatch_start``), when the program first
-imports torch, or at once where torch was imported before us or the mode needs a warning.
-Still stdlib only: nothing about torch is decided here, that happens in ``hooks`` as each
-torch module finishes importing.
+Called by the start-up trigger (``_rocm_autopatch_start``) when the program first imports
+torch, or at once where torch was imported before the trigger was installed (another .pth,
+torch's backend autoload). Still stdlib only: nothing about torch is decided here, that
+happens in ``hooks`` as each torch module finishes importing.
 """
 
 import _thread  # not threading: this can run during start-up, before threading is loaded
@@ -15,7 +15,7 @@ from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUE
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are strings
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Any, Optional
 
     from rocm_autopatch.importhook import PostImportFinder
 
@@ -66,6 +66,38 @@ def activate() -> "Optional[PostImportFinder]":
     return finder
 
 
-def start() -> None:
+def _inert(*args: "Any", **kwargs: "Any") -> None:
+    return None
+
+
+def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = None) -> "Any":
+    """The trigger saw ``import torch`` (or torch was already imported): activate, then let
+    the trigger answer every later import with the post-import finder directly.
+
+    Returns the finder's answer for the import that woke it; None where that module is
+    already imported (nothing to hook: ``fire_already_imported`` ran its callbacks).
+    """
+    try:
+        found = activate()
+        trigger.find_spec = found.find_spec if found is not None else _inert
+    except Exception as exc:  # noqa: BLE001 - never break the user's import
+        trigger.find_spec = _inert
+        try:
+            sys.stderr.write(f"rocm-autopatch: warning: start-up failed, inactive: {exc!r}\n")
+        except Exception:  # noqa: BLE001
+            pass
+        return None
+    return None if name in sys.modules else trigger.find_spec(name, path, target)
+
+
+def activation() -> "dict":
+    """Which start-up path installed the trigger, and every path that reached it."""
+    trigger = _rocm_autopatch_start.installed()
+    if trigger is None:
+        return {"via": None, "reached": []}
+    return {"via": trigger.via, "reached": list(trigger.reached)}
+
+
+def start(via: str) -> None:
     """The start-up call, for code that has the package at hand (the launcher, the doctor)."""
-    _rocm_autopatch_start.start()
+    _rocm_autopatch_start.start(via)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import site
 import sys
-import sysconfig
 import textwrap
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -33,37 +31,6 @@ RED_FLAGS: Dict[str, str] = {
 }
 AUDIT_PATTERN = ("TORCH", "INDUCTOR", "AUTOTUNE", "COMPILE", "TRITON", "OMP", "MKL",
                  "ROCM_AUTOPATCH")
-
-
-def _site_dirs() -> List[str]:
-    dirs = list(getattr(site, "getsitepackages", lambda: [])())
-    user = getattr(site, "getusersitepackages", lambda: None)()
-    for d in (sysconfig.get_paths().get("purelib"), user):
-        if d and d not in dirs:
-            dirs.append(d)
-    return dirs
-
-
-def install_info() -> Dict[str, Any]:
-    """Call before anything else starts the hook: it tells whether the .pth/.start did."""
-    import _rocm_autopatch_start
-    from rocm_autopatch import bootstrap
-
-    found = []
-    for d in _site_dirs():
-        for name in ("rocm_autopatch.pth", "rocm_autopatch.start"):
-            path = os.path.join(d, name)
-            if os.path.exists(path):
-                found.append(path)
-    runs_pth = any(p.endswith(".pth") for p in found) and sys.flags.no_site == 0
-    return {
-        "files": found,
-        "site_processed": not sys.flags.no_site,
-        "will_run": runs_pth,
-        "bootstrap_ran": _rocm_autopatch_start.installed() is not None,
-        "mode": bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
-            os.environ.get(bootstrap.ENV_MODE, "")),
-    }
 
 
 def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -92,16 +59,19 @@ def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
         os.environ[profiles.ENV_PROFILE] = profile  # this process only
-    from rocm_autopatch import bootstrap, probe, record
+    from rocm_autopatch import bootstrap, installation, probe, record
 
-    data: Dict[str, Any] = {"install": install_info(), "python": sys.version.split()[0]}
-    bootstrap.start()  # no-op where the .pth already ran it
+    data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
+    bootstrap.start("doctor")  # where the .pth already ran: recorded, nothing more
     try:
         import torch
         import torch._dynamo.config  # noqa: F401 - imported to apply and report the config
         import torch._inductor.config  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - no torch here is a finding, not a crash
         data["torch_error"] = repr(exc)
+    data["install"]["activation"] = bootstrap.activation()
+    data["install"]["mode"] = bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
+        os.environ.get(bootstrap.ENV_MODE, ""))
     report = record.REPORT.to_dict()
     torch_module = sys.modules.get("torch")
     if report["platform"] == "unknown" and torch_module is not None:
@@ -120,11 +90,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
 def _human(data: Dict[str, Any]) -> str:
     r = data["report"]
     inst = data["install"]
-    out = ["rocm-autopatch doctor", "", "Install"]
-    # Paths are never wrapped: a user copies them, and a venv can be deeper than 80 columns.
-    out += [_Verbatim(f"  {p}") for p in inst["files"]] or ["  no rocm_autopatch.pth found"]
-    out.append(f"  runs at start-up: {'yes' if inst['will_run'] else 'no'}; ran in this process: "
-               f"{'yes' if inst['bootstrap_ran'] else 'no'}; ROCM_AUTOPATCH mode: {inst['mode']}")
+    out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(inst)
     out += ["", "Platform",
             f"  python {data['python']}; torch {r.get('torch_version') or 'not importable'}"
             f" ({r.get('platform')}{', HIP ' + r['hip_version'] if r.get('hip_version') else ''})"]
@@ -164,6 +130,38 @@ def _human(data: Dict[str, Any]) -> str:
         out.append(f"  ERROR {err}")
     out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see Environment)"]
     return "\n".join(_fit(line) for line in out) + "\n"
+
+
+def _install_lines(inst: Dict[str, Any]) -> List[str]:
+    out: List[str] = []
+    for d in inst["distributions"]:
+        kind = ", editable" if d["editable"] else ""
+        use = " [in use]" if d["in_use"] else " [not in use: another copy comes first]"
+        out.append(f"  rocm-autopatch {d['version']} ({d['installer']}{kind}){use}")
+        # Paths are never wrapped: a user copies them, and a venv can be deeper than 80.
+        out.append(_Verbatim(f"    {d['location']}"))
+        files = d["startup_files"]
+        pth = files["rocm_autopatch.pth"]
+        out.append("    start-up: .pth " + ("runs" if pth["runs"] else "present, not run here "
+                                              "(directory not processed by site, or -S)"
+                                              if pth["exists"] else "missing")
+                   + "; .start " + ("present (Python 3.15+)" if files["rocm_autopatch.start"]
+                                    ["exists"] else "missing")
+                   + "; torch.backends entry point " + ("yes" if d["entry_points"] else "no"))
+    if not inst["distributions"]:
+        out.append("  rocm-autopatch has no installed distribution on sys.path (a source tree?)")
+    if inst["duplicate"]:
+        out.append(f"  ! installed {len(inst['distributions'])} times (e.g. user site and a venv "
+                   "with --system-site-packages): applied once, by the copy in use; uninstall "
+                   "the other to avoid mixing versions")
+    act = inst.get("activation") or {}
+    how = (f"{act['via']} (reached by: {', '.join(act['reached'])})" if act.get("via")
+           else "no start-up path ran")
+    out.append(f"  activated by: {how}; ROCM_AUTOPATCH mode: {inst.get('mode')}")
+    if not inst["autoload"]:
+        out.append("  TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch's autoload path is off (the .pth "
+                   "and the launcher still work)")
+    return out
 
 
 class _Verbatim(str):

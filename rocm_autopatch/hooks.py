@@ -49,6 +49,7 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
         _decided = True
         report.mode = bootstrap.mode
         report.forced = bootstrap.mode == "force"
+        report.activation = bootstrap.activation()
         for field, value in probe.torch_build(torch).items():
             setattr(report, field, value)
         if report.platform != "rocm" and not report.forced:

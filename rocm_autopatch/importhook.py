@@ -103,8 +103,8 @@ class PostImportFinder:
         try:
             spec = None
             for finder in list(sys.meta_path):
-                # We are reached through the start-up trigger, not sys.meta_path: skip it.
-                if getattr(finder, "finder", None) is self or not hasattr(finder, "find_spec"):
+                # We answer through the start-up trigger, not from sys.meta_path: skip it.
+                if getattr(finder, "rocm_autopatch", False) or not hasattr(finder, "find_spec"):
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:

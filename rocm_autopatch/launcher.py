@@ -183,7 +183,7 @@ def run_target() -> None:
     """Run the target named in ``sys.argv[1:]`` as the interpreter itself would."""
     import _rocm_autopatch_start
 
-    _rocm_autopatch_start.start()  # a no-op where the .pth already ran
+    _rocm_autopatch_start.start("launcher")  # where the .pth already ran: recorded, no more
     target = sys.argv[1:]
     main = sys.modules["__main__"]
     try:

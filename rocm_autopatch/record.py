@@ -92,6 +92,9 @@ class Report(_Fields):
     torch_version: Optional[str] = None
     hip_version: Optional[str] = None
     reason: str = "torch not imported yet"
+    # {"via": the start-up path that installed the trigger (.pth, .start, torch.backends
+    # entry point, launcher, doctor), "reached": every path that reached it, in order}
+    activation: Dict[str, Any] = {}
     config: List[ConfigChange] = []
     compile_rewrites: List[CompileRewrite] = []
     fixes: Dict[str, Dict[str, str]] = {}

@@ -42,8 +42,11 @@ class Venv:
     def run(self, code: str, *args: str, env: Optional[Dict[str, str]] = None,
             flags: List[str] = (), timeout: int = 600, cwd: Optional[str] = None
             ) -> subprocess.CompletedProcess:
+        # Not from the checkout: `-c` puts the working directory first on sys.path, and the
+        # source tree's package would shadow the installed wheel.
         return subprocess.run([self.python, *flags, "-c", code, *args], capture_output=True,
-                              text=True, env=clean_env(**(env or {})), timeout=timeout, cwd=cwd)
+                              text=True, env=clean_env(**(env or {})), timeout=timeout,
+                              cwd=cwd or str(self.path))
 
     def json(self, code: str, **kwargs) -> dict:
         """Run ``code``; its last stdout line is JSON. Fails with stderr on a crash."""

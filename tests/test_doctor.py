@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import pytest
 from conftest import ROOT, Venv, clean_env
 
+import rocm_autopatch
 from rocm_autopatch import profiles
 
 SECTIONS = ["Install", "Platform", "Environment",
@@ -40,7 +41,9 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     assert max(len(line) for line in lines if line not in paths) <= 80
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "\x1b[" not in proc.stdout  # no colour codes
-    assert str(torch_venv.site / "rocm_autopatch.pth") in proc.stdout
+    assert f"    {torch_venv.site}" in lines
+    assert "start-up: .pth runs" in proc.stdout
+    assert "activated by: .pth (reached by: .pth, doctor" in proc.stdout
     assert "torch 2.13.0" in proc.stdout and "(cpu)" in proc.stdout
     assert lines[-1] == "healthy"
     if mode == "force":
@@ -61,10 +64,10 @@ def test_long_install_paths_are_printed_whole(torch_venv: Venv, tmp_path: Path) 
                           capture_output=True, text=True, env=clean_env(), timeout=600,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    pth = f"  {deep / torch_venv.site.relative_to(torch_venv.path)}/rocm_autopatch.pth"
+    site = f"    {deep / torch_venv.site.relative_to(torch_venv.path)}"
     lines = proc.stdout.splitlines()
-    assert pth in lines and len(pth) > 80
-    assert max(len(line) for line in lines if "/site-packages/rocm_autopatch." not in line) <= 80
+    assert site in lines and len(site) > 80
+    assert max(len(line) for line in lines if line != site) <= 80
 
 
 def test_json_schema(torch_venv: Venv) -> None:
@@ -73,10 +76,20 @@ def test_json_schema(torch_venv: Venv) -> None:
     data = json.loads(proc.stdout)
     assert set(data) >= {"install", "python", "report", "gpus", "environment", "left_out",
                          "healthy"}
-    assert set(data["install"]) == {"files", "site_processed", "will_run", "bootstrap_ran",
-                                    "mode"}
-    assert data["install"]["will_run"] and data["install"]["bootstrap_ran"]
-    assert data["install"]["mode"] == "force"
+    inst = data["install"]
+    assert set(inst) == {"distributions", "duplicate", "site_processed", "autoload",
+                         "started_before_doctor", "will_run", "activation", "mode"}
+    assert inst["will_run"] and inst["started_before_doctor"] and not inst["duplicate"]
+    assert inst["mode"] == "force"
+    (dist,) = inst["distributions"]
+    assert dist["location"] == str(torch_venv.site) and dist["in_use"] and not dist["editable"]
+    assert dist["installer"] == "pip" and dist["version"] == rocm_autopatch.__version__
+    assert dist["startup_files"]["rocm_autopatch.pth"] == {
+        "path": str(torch_venv.site / "rocm_autopatch.pth"), "exists": True, "runs": True}
+    assert dist["entry_points"] == ["rocm_autopatch = _rocm_autopatch_start:autoload"]
+    # The .pth ran at start-up; the doctor's own start() and torch's autoload found it there.
+    assert inst["activation"] == {"via": ".pth", "reached": [
+        ".pth", "doctor", "torch.backends entry point"]}
     report = data["report"]
     assert report["active"] is True and report["platform"] == "cpu" and report["forced"]
     assert {c["key"] for c in report["config"]} == safe_keys()

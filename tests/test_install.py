@@ -13,9 +13,8 @@ from typing import Optional
 import pytest
 from conftest import ROOT, Venv, clean_env, make_venv
 
+import _rocm_autopatch_start
 from rocm_autopatch import profiles
-
-START_ONLY = ["_rocm_autopatch_start"]
 
 OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_autopatch')))"
 
@@ -45,8 +44,8 @@ snap.update({"dynamo." + k: norm(v) for k, v in sorted(dc.get_config_copy().item
 c = torch.compile
 print(json.dumps({"config": snap, "compile": [type(c).__name__, c.__module__,
                   c.__code__.co_filename], "finders": [type(f).__name__ for f in sys.meta_path],
-                  "watching": sorted(getattr(getattr(sys.meta_path[0], "finder", None), "hooks",
-                                             {})),
+                  "watching": sorted(getattr(getattr(sys.meta_path[0].find_spec, "__self__",
+                                                     None), "hooks", {})),
                   "ours": %s}))
 """ % OURS
 
@@ -57,10 +56,17 @@ def test_wheel_puts_both_startup_files_at_the_root(wheel: Path) -> None:
     pth = zipfile.ZipFile(wheel).read("rocm_autopatch.pth").decode().splitlines()
     # site runs only lines that start with "import"; a second line would be a path.
     assert len(pth) == 1 and pth[0].startswith("import ")
+    # The trigger is written into the line (no module to load at start-up), generated from
+    # the start-up module: the file in the wheel is what `python _rocm_autopatch_start.py`
+    # prints for this checkout.
+    assert pth[0] + "\n" == _rocm_autopatch_start.pth_line()
     start = zipfile.ZipFile(wheel).read("rocm_autopatch.start").decode().split()
     assert start == ["_rocm_autopatch_start:start"]
     # The start-up module is a top-level module beside the package (one file to load).
     assert "_rocm_autopatch_start.py" in names
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[torch.backends]\nrocm_autopatch = _rocm_autopatch_start:autoload" in text
 
 
 def test_wheel_requires_nothing_outside_the_test_extra(wheel: Path) -> None:
@@ -85,11 +91,15 @@ def test_force_applies_safe_core_in_every_thread(torch_venv: Venv) -> None:
 
 
 @pytest.mark.parametrize("value", ["0", "OFF", "false", "No"])
-def test_off_means_nothing_of_ours_is_imported(torch_venv: Venv, value: str) -> None:
+def test_off_means_nothing_of_ours_runs_beyond_a_check(torch_venv: Venv, value: str) -> None:
     out = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value})
-    assert out["ours"] == []
+    # torch's autoload imports the entry point's module, which reads ROCM_AUTOPATCH and stops.
+    assert out["ours"] == ["_rocm_autopatch_start"]
     assert "TorchImportTrigger" not in out["finders"]
     assert out["compile"][2].endswith(f"torch{os.sep}__init__.py")  # torch's own compile
+    quiet = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value,
+                                           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert quiet["ours"] == [] and quiet["config"] == out["config"]
 
 
 def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
@@ -111,15 +121,19 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
-def test_program_without_torch_loads_only_the_start_module(torch_venv: Venv, mode: str) -> None:
+def test_program_without_torch_loads_no_module_of_ours(torch_venv: Venv, mode: str) -> None:
     code = f"""import json, sys
 print(json.dumps({{'ours': {OURS}, 'first': type(sys.meta_path[0]).__name__}}))"""
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": mode})
-    assert out == {"ours": START_ONLY, "first": "TorchImportTrigger"}
+    assert out == {"ours": [], "first": "TorchImportTrigger"}
 
 
-def test_bad_mode_warns_once_on_stderr_and_continues(torch_venv: Venv) -> None:
-    proc = torch_venv.run("print('fine')", env={"ROCM_AUTOPATCH": "banana"})
+def test_bad_mode_warns_once_at_import_torch_and_continues(torch_venv: Venv) -> None:
+    # Only a process that imports torch is affected by the variable, so only it warns:
+    # pip and every other tool on the machine stay silent.
+    quiet = torch_venv.run("print('fine')", env={"ROCM_AUTOPATCH": "banana"})
+    assert quiet.returncode == 0 and quiet.stdout == "fine\n" and quiet.stderr == ""
+    proc = torch_venv.run("import torch; print('fine')", env={"ROCM_AUTOPATCH": "banana"})
     assert proc.returncode == 0
     assert proc.stdout == "fine\n"
     assert proc.stderr.count("ROCM_AUTOPATCH='banana'") == 1
@@ -175,9 +189,9 @@ def test_idempotent_bootstrap_hooks_and_reload(torch_venv: Venv) -> None:
     code = """
 import importlib, json, sys
 import _rocm_autopatch_start as s
-s.start(); s.start()
+s.start(); s.start("test")
 import rocm_autopatch.bootstrap as b
-b.start(); b.activate()
+b.start("test"); b.activate()
 import torch, torch._inductor.config as ic, torch._dynamo.convert_frame as cf
 b.activate()
 finders = [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger")
@@ -191,11 +205,14 @@ print(json.dumps({"finders": finders, "max_autotune": ic.max_autotune,
                   "fix_marked": getattr(cf._compile, "_rocm_autopatch", False),
                   "fix_inner_marked": getattr(cf._compile.__wrapped__, "_rocm_autopatch", False),
                   "keys": len(__import__("rocm_autopatch").report().config),
-                  "errors": __import__("rocm_autopatch").report().errors}))
+                  "errors": __import__("rocm_autopatch").report().errors,
+                  "activation": __import__("rocm_autopatch").report().activation}))
 """
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
     assert out == {"finders": 1, "max_autotune": False, "inner": "function", "fix_marked": True,
-                   "fix_inner_marked": False, "keys": len(profiles.keys("safe")), "errors": []}
+                   "fix_inner_marked": False, "keys": len(profiles.keys("safe")), "errors": [],
+                   "activation": {"via": ".pth", "reached": [
+                       ".pth", ".start", "test", "torch.backends entry point"]}}
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])

@@ -1,0 +1,199 @@
+"""Activation under every installer and layout: the .pth, torch's backend autoload (the
+``torch.backends`` entry point), both at once, a ``--target`` install on ``PYTHONPATH``, uv,
+and a double install (user site and a venv). Real wheels, real installers, real torch.
+
+torch is not installed again for each layout: a directory of links to the cached torch
+venv's packages (everything but rocm-autopatch) is put on ``sys.path`` by a path-only .pth,
+so each new environment holds the real torch 2.13 and exactly the copies of rocm-autopatch
+that the test installs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from conftest import Venv, clean_env
+
+from rocm_autopatch import profiles
+
+ENTRY = "torch.backends entry point"
+OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_autopatch')))"
+
+# What a process saw: the trigger before torch, then what torch ended up with.
+PROBE = """
+import json, sys
+before = [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger")
+import torch, torch._inductor.config as ic, torch._dynamo.config as dc
+import torch._dynamo.convert_frame as cf
+import rocm_autopatch
+r = rocm_autopatch.report()
+print(json.dumps({"trigger_before_torch": before, "active": r.active,
+                  "activation": r.activation, "keys": len(r.config), "errors": r.errors,
+                  "recompile_limit": dc.recompile_limit,
+                  "backends": ic.max_autotune_gemm_backends,
+                  "guard": torch.compile.__code__.co_filename.rsplit("/", 1)[-1],
+                  "guard_inner": torch.compile.__wrapped__.__code__.co_filename.rsplit("/", 1)[-1]
+                  if hasattr(torch.compile, "__wrapped__") else None,
+                  "frame_hook_inner_ours": getattr(getattr(cf._compile, "__wrapped__", None),
+                                                   "_rocm_autopatch", False),
+                  "package": rocm_autopatch.__file__}))
+"""
+
+UNTOUCHED = """
+import json, sys
+import torch, torch._dynamo.config as dc
+print(json.dumps({"ours": %s, "recompile_limit": dc.recompile_limit,
+                  "guard": torch.compile.__code__.co_filename.rsplit("/", 1)[-1]}))
+""" % OURS
+
+
+@pytest.fixture(scope="session")
+def torch_links(torch_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch and its dependencies, without rocm-autopatch: links into the torch venv."""
+    links = tmp_path_factory.mktemp("torch-links")
+    for entry in torch_venv.site.iterdir():
+        if entry.name.startswith(("rocm_autopatch", "_rocm_autopatch")) or entry.suffix == ".pth":
+            continue
+        (links / entry.name).symlink_to(entry)
+    return links
+
+
+def base_python(torch_venv: Venv) -> str:
+    cfg = dict(line.split(" = ", 1) for line in
+               (torch_venv.path / "pyvenv.cfg").read_text().splitlines() if " = " in line)
+    return cfg["executable"]
+
+
+def new_venv(path: Path, links: Path, *, system_site: bool = False) -> Venv:
+    venv.EnvBuilder(with_pip=False, system_site_packages=system_site, symlinks=True).create(path)
+    env = Venv(path)
+    (env.site / "torch_links.pth").write_text(f"{links}\n")  # a path line: runs no code
+    return env
+
+
+def uv(*args: str, env: Dict[str, str] = None) -> None:
+    subprocess.run([sys.executable, "-m", "uv", *args], check=True, capture_output=True,
+                   env=clean_env(**(env or {})))
+
+
+def summary_lines(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if "config, safe profile" in line]
+
+
+def test_target_install_on_pythonpath_activates_through_torchs_autoload(
+        wheel: Path, torch_links: Path, torch_venv: Venv, tmp_path: Path) -> None:
+    """No .pth is processed on PYTHONPATH (pytest-cov#90): torch's autoload activates."""
+    target = tmp_path / "target"
+    subprocess.run([torch_venv.python, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(target), str(wheel)], check=True, env=clean_env())
+    assert (target / "rocm_autopatch.pth").is_file()  # there, and never run by site
+    env = new_venv(tmp_path / "venv", torch_links)
+    out = env.json(PROBE, env={"PYTHONPATH": str(target), "ROCM_AUTOPATCH": "force"})
+    assert out["trigger_before_torch"] == 0
+    assert out["activation"] == {"via": ENTRY, "reached": [ENTRY]}
+    assert out["active"] and out["errors"] == [] and out["keys"] == len(profiles.keys("safe"))
+    assert out["recompile_limit"] == 128 and out["backends"] == "ATEN"
+    assert out["guard"] == "compile_guard.py" and out["guard_inner"] == "__init__.py"
+    assert out["package"].startswith(str(target))
+    # Autoload off: this layout has no other path; the launcher is the way (README).
+    off = env.json(UNTOUCHED, env={"PYTHONPATH": str(target), "ROCM_AUTOPATCH": "force",
+                                   "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert off == {"ours": [], "recompile_limit": 8, "guard": "__init__.py"}
+    # Opted out: the entry point's module reads ROCM_AUTOPATCH and does nothing more.
+    opted_out = env.json(UNTOUCHED, env={"PYTHONPATH": str(target), "ROCM_AUTOPATCH": "0"})
+    assert opted_out == {"ours": ["_rocm_autopatch_start"], "recompile_limit": 8,
+                         "guard": "__init__.py"}
+    # A CPU build without force: decided, nothing changed, the hook stops watching.
+    auto = env.json(PROBE, env={"PYTHONPATH": str(target)})
+    assert auto["active"] is False and auto["recompile_limit"] == 8
+    assert auto["guard"] == "__init__.py" and auto["activation"]["via"] == ENTRY
+
+
+def test_pth_and_entry_point_together_apply_and_say_everything_once(torch_venv: Venv) -> None:
+    proc = torch_venv.run(PROBE, env={"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_LOG": "info"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["trigger_before_torch"] == 1
+    assert out["activation"] == {"via": ".pth", "reached": [".pth", ENTRY]}
+    assert out["keys"] == len(profiles.keys("safe")) and out["errors"] == []
+    # Wrapped once each: the guard wraps torch's own compile, the frame hook torch's _compile.
+    assert out["guard"] == "compile_guard.py" and out["guard_inner"] == "__init__.py"
+    assert out["frame_hook_inner_ours"] is False
+    assert [line.split(" config, ")[0].split()[-1]
+            for line in summary_lines(proc.stderr)] == ["dynamo", "inductor"]
+
+
+def test_autoload_off_leaves_the_pth_path_working(torch_venv: Venv) -> None:
+    out = torch_venv.json(PROBE, env={"ROCM_AUTOPATCH": "force",
+                                      "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert out["activation"] == {"via": ".pth", "reached": [".pth"]}
+    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_guard.py"
+
+
+def test_uv_install_has_both_startup_files_in_purelib_and_activates(
+        wheel: Path, torch_links: Path, torch_venv: Venv, tmp_path: Path) -> None:
+    path = tmp_path / "uv-venv"
+    uv("venv", "-q", "--python", base_python(torch_venv), str(path))
+    uv("pip", "install", "-q", "--offline", "--no-deps", "--python", str(path / "bin" / "python"),
+       str(wheel))
+    env = Venv(path)
+    assert (env.site / "rocm_autopatch.pth").is_file()
+    assert (env.site / "rocm_autopatch.start").is_file()
+    assert (env.site / "_rocm_autopatch_start.py").is_file()
+    # uv writes no bytecode unless asked: the no-cache case of every start.
+    assert not list((env.site / "rocm_autopatch").glob("__pycache__/*.pyc"))
+    (env.site / "torch_links.pth").write_text(f"{torch_links}\n")
+    out = env.json(PROBE, env={"ROCM_AUTOPATCH": "force", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out["trigger_before_torch"] == 1
+    assert out["activation"] == {"via": ".pth", "reached": [".pth", ENTRY]}
+    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_guard.py"
+    assert out["package"].startswith(str(env.site))
+    doctor = json.loads(subprocess.run(
+        [env.python, "-m", "rocm_autopatch", "doctor", "--json"], capture_output=True,
+        text=True, env=clean_env(ROCM_AUTOPATCH="force"), cwd=str(tmp_path)).stdout)
+    (dist,) = doctor["install"]["distributions"]
+    assert dist["installer"] == "uv" and dist["in_use"]
+    assert dist["startup_files"]["rocm_autopatch.pth"]["runs"] is True
+
+
+def test_double_install_user_site_and_venv_applies_once(
+        wheel: Path, torch_links: Path, torch_venv: Venv, tmp_path: Path) -> None:
+    """pip --user with the base Python, and again into a venv that sees system and user
+    site (--system-site-packages): both .pth files run, the package applies once."""
+    user_base = tmp_path / "userbase"
+    user_env = {"PYTHONUSERBASE": str(user_base)}
+    subprocess.run([base_python(torch_venv), "-m", "pip", "install", "-q", "--user",
+                    "--no-deps", "--disable-pip-version-check", str(wheel)], check=True,
+                   env=clean_env(**user_env))
+    env = new_venv(tmp_path / "venv", torch_links, system_site=True)
+    uv("pip", "install", "-q", "--offline", "--no-deps", "--python", env.python, str(wheel))
+    proc = env.run(PROBE, env={**user_env, "ROCM_AUTOPATCH": "force",
+                               "ROCM_AUTOPATCH_LOG": "info"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["trigger_before_torch"] == 1
+    assert out["activation"] == {"via": ".pth", "reached": [".pth", ENTRY]}
+    assert out["keys"] == len(profiles.keys("safe")) and out["errors"] == []
+    assert out["guard_inner"] == "__init__.py" and out["frame_hook_inner_ours"] is False
+    assert len(summary_lines(proc.stderr)) == 2  # dynamo and inductor, once each
+    doctor = subprocess.run([env.python, "-m", "rocm_autopatch", "doctor", "--json"],
+                            capture_output=True, text=True, cwd=str(tmp_path),
+                            env=clean_env(**user_env, ROCM_AUTOPATCH="force"))
+    inst = json.loads(doctor.stdout)["install"]
+    assert inst["duplicate"] is True
+    locations = {d["location"]: d for d in inst["distributions"]}
+    assert set(locations) == {str(env.site), str(next(user_base.glob(
+        "lib/python3*/site-packages")))}
+    assert {d["installer"] for d in inst["distributions"]} == {"pip", "uv"}
+    assert [d["in_use"] for d in inst["distributions"]] == [True, False]  # sys.path order
+    assert inst["distributions"][0]["location"] == str(Path(out["package"]).parent.parent)
+    text = subprocess.run([env.python, "-m", "rocm_autopatch", "doctor"], capture_output=True,
+                          text=True, cwd=str(tmp_path),
+                          env=clean_env(**user_env, ROCM_AUTOPATCH="force")).stdout
+    assert "! installed 2 times" in text
