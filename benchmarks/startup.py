@@ -76,9 +76,8 @@ def make_env(installer: str, base: str, torch_site: Path, wheel: Path, root: Pat
     else:
         venv.EnvBuilder(with_pip=False, symlinks=True).create(path)
         python = str(path / "bin" / "python")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--disable-pip-version-check", "--python", python, str(wheel)],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                        "--no-deps", "--disable-pip-version-check", str(wheel)], check=True)
     links = root / "torch-links"
     if not links.exists():
         links.mkdir()

@@ -139,7 +139,7 @@ def _install_lines(inst: Dict[str, Any]) -> List[str]:
         use = " [in use]" if d["in_use"] else " [not in use: another copy comes first]"
         out.append(f"  rocm-autopatch {d['version']} ({d['installer']}{kind}){use}")
         # Paths are never wrapped: a user copies them, and a venv can be deeper than 80.
-        out.append(_Verbatim(f"    {d['location']}"))
+        out.append(Verbatim(f"    {d['location']}"))
         files = d["startup_files"]
         pth = files["rocm_autopatch.pth"]
         out.append("    start-up: .pth " + ("runs" if pth["runs"] else "present, not run here "
@@ -164,16 +164,29 @@ def _install_lines(inst: Dict[str, Any]) -> List[str]:
     return out
 
 
-class _Verbatim(str):
+class Verbatim(str):
     """A doctor line printed as is, however long (an install path)."""
 
 
 def _fit(line: str, width: int = 80) -> str:
-    if len(line) <= width or isinstance(line, _Verbatim):
+    if len(line) <= width or isinstance(line, Verbatim):
         return line
     indent = " " * (len(line) - len(line.lstrip()) + 4)
     return textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
                          break_long_words=False)
+
+
+def _report(paths: Sequence[str], as_json: bool) -> int:
+    from rocm_autopatch import report_view
+
+    try:
+        view = report_view.job(report_view.load(paths))
+    except report_view.ReportError as exc:
+        sys.stderr.write(f"rocm-autopatch doctor: {exc}\n")
+        return 2
+    sys.stdout.write(json.dumps(view, indent=2) + "\n" if as_json else
+                     "\n".join(_fit(line) for line in report_view.render(view)) + "\n")
+    return 0 if view["healthy"] else 1
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -183,6 +196,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.add_argument("--profile", choices=tuple(profiles.PROFILES),
                         help="show what this profile would do (this process only)")
+    doctor.add_argument("--report", nargs="+", metavar="FILE",
+                        help="render compile reports (ROCM_AUTOPATCH_REPORT files: one per "
+                             "process, e.g. every rank of a job) as one view")
     run = sub.add_parser(
         "run", help="run a Python command with rocm-autopatch applied, even under python -S",
         usage="rocm-autopatch run [--profile P] -- python [flags] script.py|-m mod args...")
@@ -205,6 +221,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command != "doctor":
         parser.print_usage(sys.stderr)
         return 2
+    if args.report:
+        return _report(args.report, args.json)
     data = collect(args.profile)
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _human(data))
     return 0 if data["healthy"] else 1

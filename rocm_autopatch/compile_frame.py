@@ -8,7 +8,9 @@ that need to see each compile:
   frame runs eagerly this once instead of compiling, or, with
   ``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1``, torch compiles it with the RNG fix and the
   clear error;
-- the watchdog (``watchdog``): one warning when a compile runs past its threshold.
+- the watchdog (``watchdog``): one warning when a compile runs past its threshold;
+- the compile report (``compile_report``, only when ``ROCM_AUTOPATCH_REPORT`` is set):
+  times the compile and reads torch's counters around it.
 
 Outside capture with the watchdog off, a compile costs one extra call and a capture check.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 import types
+from time import perf_counter
 from typing import Any, Callable, Optional
 
 from rocm_autopatch import capture, record, watchdog
@@ -27,19 +30,29 @@ _MARK = "_rocm_autopatch"
 
 
 def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,
-                 decline: Callable[[], Any], skip_rng: bool, seconds: float) -> Any:
+                 decline: Callable[[], Any], skip_rng: bool, seconds: float,
+                 observe: Optional[Any] = None) -> Any:
     def _compile(*args: Any, **kwargs: Any) -> Any:
         capturing = capture.capturing(torch)
         if capturing and eager:
             return capture.decline(decline, args, kwargs)
-        timer = watchdog.arm(capture.where(args, kwargs), seconds) if seconds else None
+        where = capture.where(args, kwargs)
+        timer = watchdog.arm(where, seconds) if seconds else None
+        token = observe.begin() if observe is not None else None
+        start = perf_counter()
+        error = None
         try:
             if capturing:
                 return capture.compile_inside(torch, original, skip_rng, args, kwargs)
             return original(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             if timer is not None:
                 timer.cancel()
+            if observe is not None:
+                observe.end(where, token, perf_counter() - start, error)
 
     # Name, doc and __wrapped__ of the original; __module__ stays ours (where the code is).
     functools.update_wrapper(_compile, original, assigned=("__name__", "__qualname__",
@@ -75,5 +88,6 @@ def install(convert_frame: types.ModuleType) -> None:
         skip_rng = capture.torch_version(torch) < capture.FIXED_IN
         seconds = watchdog.install()
         convert_frame._compile = make_wrapper(torch, original, eager=eager, decline=decline,
-                                              skip_rng=skip_rng, seconds=seconds)
+                                              skip_rng=skip_rng, seconds=seconds,
+                                              observe=record.COMPILE)
         capture.record_fixes(torch, convert_frame, eager, form, skip_rng)

@@ -62,6 +62,10 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
         report.profile = _profile()
         report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
                          else f"ROCm build (HIP {report.hip_version})")
+        if os.environ.get(record.ENV_REPORT, "").strip():  # unset: not even loaded
+            from rocm_autopatch import compile_report
+
+            compile_report.arm()
         return True
 
 

@@ -118,6 +118,11 @@ class Report(_Fields):
 LOCK = threading.RLock()
 REPORT = Report()
 
+# The compile report: the variable that asks for it, and its collector once armed
+# (``compile_report.Collector``; None when the variable is unset: nothing is counted).
+ENV_REPORT = "ROCM_AUTOPATCH_REPORT"
+COMPILE: Optional[Any] = None
+
 
 def hook_failed(module_name: str, target: str, exc: BaseException) -> None:
     from rocm_autopatch import log

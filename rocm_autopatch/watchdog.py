@@ -15,7 +15,7 @@ import itertools
 import os
 import sys
 import threading
-from typing import Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 from rocm_autopatch import log, record
 
@@ -25,6 +25,8 @@ NAME = "compile_watchdog"
 _lock = threading.Lock()
 _compiles: Dict[Tuple[str, int, str], int] = {}  # (file, line, name) -> compiles so far
 _ids = itertools.count(1)
+# Each warning given: {"where", "seconds", "compile"} (the compile report lists them).
+fired: List[Dict[str, Any]] = []
 
 
 def threshold(raw: str) -> float:
@@ -61,6 +63,8 @@ def _warn(call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
     filename, line, name = where
     with _lock:
         count = _compiles.get(where, 1)
+        fired.append({"where": f"{name} ({filename}:{line})", "seconds": seconds,
+                      "compile": count})
     log.warn_once(
         (NAME, call_id),
         f"torch.compile has spent {seconds:g} s compiling {name} ({filename}:{line}), "
