@@ -172,7 +172,7 @@ class Collector:
                 unknown[f"{group}.{key}"] = "torch._dynamo was not imported"
                 return None
             if needs and needs not in sys.modules:
-                unknown[f"{group}.{key}"] = f"{needs} was not used in this process"
+                unknown[f"{group}.{key}"] = f"{needs} not loaded: not in this torch, or not used"
                 return None
             return int(counters[group][key]) if group in counters else 0
 
