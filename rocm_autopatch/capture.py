@@ -108,18 +108,17 @@ def decline_form(convert_frame: types.ModuleType) -> Tuple[str, Callable[[], Any
 
 def decline(form: Callable[[], Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """What ``_compile`` returns for a frame reached while capturing (the policy)."""
-    filename, line, name = where(args, kwargs)
+    label = record.frame_label(*where(args, kwargs))
     code = args[0] if args else kwargs.get("code")
     value = form()
     if value is None and isinstance(code, types.CodeType):
         with _lock:
             _declined_codes.add(code)
-    site = f"{filename}:{line}"
     with record.LOCK:
         counts = record.REPORT.eager_in_capture
-        counts[f"{name} ({site})"] = counts.get(f"{name} ({site})", 0) + 1
-    log.warn_once(("capture", site, name),
-                  f"{name} ({site}) was reached for compiling while a CUDA/HIP graph is being "
+        counts[label] = counts.get(label, 0) + 1
+    log.warn_once(("capture", label),
+                  f"{label} was reached for compiling while a CUDA/HIP graph is being "
                   "captured; it runs eagerly this time (compiling inside capture can be "
                   "recorded silently and replay wrong on ROCm: pytorch#185074) and compiles "
                   "the next time it runs outside capture. To capture its compiled kernels, "

@@ -49,10 +49,6 @@ LIMIT_MESSAGE = re.compile(r"(cache|recompile)[\w ]*limit (reached|exceeded)", r
 _lock = threading.Lock()
 
 
-def _where(file: str, line: int, name: str) -> str:
-    return f"{name} ({file}:{line})"
-
-
 def _first_line(text: str, limit: int = 300) -> str:
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
     return line[:limit]
@@ -72,7 +68,7 @@ def _metrics() -> Any:
 
 
 def rank() -> Optional[str]:
-    for var in ("RANK", "LOCAL_RANK"):
+    for var in log.RANK_VARIABLES:
         value = os.environ.get(var, "").strip()
         if value:
             return value
@@ -101,7 +97,6 @@ class Collector:
         self.failures: Dict[Tuple[str, str], int] = {}
         self.compiles = 0
         self.seconds = 0.0
-        self.reasons_known: Optional[bool] = None
 
     # ---- fed by compile_frame, around each frame compile -------------------------------
 
@@ -114,7 +109,7 @@ class Collector:
     def end(self, where: Tuple[str, int, str], token: Tuple[Optional[Dict[str, int]], Any],
             seconds: float, error: Optional[BaseException]) -> None:
         try:
-            self._end(_where(*where), token, seconds, error)
+            self._end(record.frame_label(*where), token, seconds, error)
         except Exception as exc:  # noqa: BLE001 - counting must never break a compile
             log.warn_once(("compile_report", "count"), f"compile report: counting failed: "
                           f"{exc!r}; the report will be incomplete")
@@ -143,13 +138,11 @@ class Collector:
                         key = (_first_line(reason), where)
                         self.breaks[key] = self.breaks.get(key, 0) + new
             if again:
-                has_field = entry is not None and hasattr(entry, "recompile_reason")
-                if has_field or self.reasons_known is None:
-                    self.reasons_known = bool(has_field or hasattr(
-                        getattr(_torch_utils(), "CompilationMetrics", None), "recompile_reason"))
-                reason = getattr(entry, "recompile_reason", None) if entry is not None else None
-                text = (_first_line(reason) if reason else
-                        "not stated by torch" if self.reasons_known else
+                reason = getattr(entry, "recompile_reason", None)
+                # A dataclass field with a default is a class attribute: 2.9+ has it.
+                known = hasattr(getattr(_torch_utils(), "CompilationMetrics", None),
+                                "recompile_reason")
+                text = (_first_line(reason) if reason else "not stated by torch" if known else
                         "unknown: this torch does not record recompile reasons")
                 key = (where, text)
                 self.recompiles[key] = self.recompiles.get(key, 0) + 1

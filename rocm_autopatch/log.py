@@ -88,8 +88,12 @@ def env_flag(var: str, what_if_bad: str, warn: bool = True) -> bool:
     return False
 
 
+# Where torchrun, Slurm wrappers and accelerate put a process's rank, in that order.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK")
+
+
 def is_rank_zero() -> bool:
-    for var in ("RANK", "LOCAL_RANK"):
+    for var in RANK_VARIABLES:
         value = os.environ.get(var)
         if value is not None and value.strip() not in ("", "0"):
             return False

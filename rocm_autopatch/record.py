@@ -124,6 +124,11 @@ ENV_REPORT = "ROCM_AUTOPATCH_REPORT"
 COMPILE: Optional[Any] = None
 
 
+def frame_label(filename: str, line: int, name: str) -> str:
+    """How a compiled frame is named everywhere a user reads it: ``f (file.py:12)``."""
+    return f"{name} ({filename}:{line})"
+
+
 def hook_failed(module_name: str, target: str, exc: BaseException) -> None:
     from rocm_autopatch import log
 

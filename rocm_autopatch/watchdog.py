@@ -60,14 +60,13 @@ def _settings() -> str:
 
 
 def _warn(call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
-    filename, line, name = where
+    label = record.frame_label(*where)
     with _lock:
         count = _compiles.get(where, 1)
-        fired.append({"where": f"{name} ({filename}:{line})", "seconds": seconds,
-                      "compile": count})
+        fired.append({"where": label, "seconds": seconds, "compile": count})
     log.warn_once(
         (NAME, call_id),
-        f"torch.compile has spent {seconds:g} s compiling {name} ({filename}:{line}), "
+        f"torch.compile has spent {seconds:g} s compiling {label}, "
         f"compile #{count} of it in this process; settings: {_settings()}. Usual causes: "
         "GEMM autotuning (mode='max-autotune', TORCHINDUCTOR_MAX_AUTOTUNE=1) or recompiles "
         "(changing shapes). Fix: unset TORCHINDUCTOR_MAX_AUTOTUNE, don't ask for "

@@ -8,40 +8,11 @@ import subprocess
 from pathlib import Path
 from typing import Dict, List
 
-from conftest import Venv, clean_env
+from conftest import ROOT, Venv, clean_env
 
-# A deliberate graph break, then a recompile (a new dtype), then the first dtype again.
-SCRIPT = """
-import json, os, sys, torch
-def f(x):
-    x = x + 1
-    torch._dynamo.graph_break()
-    return x * 2
-g = torch.compile(f)
-for dtype in (torch.float32, torch.float64, torch.float32):
-    g(torch.ones(4, dtype=dtype))
-mode = sys.argv[1] if len(sys.argv) > 1 else ""
-if mode == "limit":  # more dtypes than the limit the script sets
-    torch._dynamo.config.recompile_limit = 2
-    h = torch.compile(lambda x: x.sin() + 1)
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        h(torch.ones(4, dtype=dtype))
-if mode == "fork":
-    pid = os.fork()
-    if pid == 0:
-        g(torch.ones(4, dtype=torch.float16))  # the child's own recompile
-        sys.exit(0)  # a plain fork child leaves through the exit handlers
-    os.waitpid(pid, 0)
-if mode == "mp":
-    import multiprocessing as mp
-    p = mp.get_context("fork").Process(target=g, args=(torch.ones(4, dtype=torch.float16),))
-    p.start(); p.join()
-import atexit, rocm_autopatch.record as record
-print(json.dumps({"pid": os.getpid(), "armed": record.COMPILE is not None,
-                  "loaded": "rocm_autopatch.compile_report" in sys.modules,
-                  "atexit": atexit._ncallbacks()}))
-sys.exit(int(os.environ.get("EXIT", "0")))
-"""
+# A deliberate graph break and a recompile; its modes are in its docstring.
+SCRIPT = (ROOT / "scripts" / "compile_report_repro.py").read_text()
+F_LINE = SCRIPT.splitlines().index("def f(x):") + 1  # where torch names the frame
 
 
 def run(venv: Venv, tmp_path: Path, env: Dict[str, str], *args: str
@@ -81,7 +52,7 @@ def test_report_of_a_graph_break_and_a_recompile(torch_venv: Venv, tmp_path: Pat
     assert c["graph_breaks"]["total"] == 2
     (gb,) = c["graph_breaks"]["top"]
     assert "graph_break()" in gb["reason"] and gb["count"] == 2
-    assert gb["where"] == f"f ({tmp_path / 'job.py'}:3)"
+    assert gb["where"] == f"f ({tmp_path / 'job.py'}:{F_LINE})"
     assert c["recompiles"]["total"] == 2  # f and its resume function, for float64
     reasons = {r["where"].split(" (")[0]: r["reason"] for r in c["recompiles"]["top"]}
     assert "dtype mismatch" in reasons["f"] and "expected Float, actual Double" in reasons["f"]
