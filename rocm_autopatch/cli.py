@@ -12,10 +12,10 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 from typing import Any, Dict, List, Optional, Sequence
 
 from rocm_autopatch import profiles
+from rocm_autopatch.text import Verbatim, fit
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
 # and why (with the public evidence). The key that neutralises each: the safe profile's.
@@ -129,7 +129,7 @@ def _human(data: Dict[str, Any]) -> str:
     for err in r["errors"]:
         out.append(f"  ERROR {err}")
     out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see Environment)"]
-    return "\n".join(_fit(line) for line in out) + "\n"
+    return "\n".join(fit(line) for line in out) + "\n"
 
 
 def _install_lines(inst: Dict[str, Any]) -> List[str]:
@@ -164,28 +164,17 @@ def _install_lines(inst: Dict[str, Any]) -> List[str]:
     return out
 
 
-class Verbatim(str):
-    """A doctor line printed as is, however long (an install path)."""
-
-
-def _fit(line: str, width: int = 80) -> str:
-    if len(line) <= width or isinstance(line, Verbatim):
-        return line
-    indent = " " * (len(line) - len(line.lstrip()) + 4)
-    return textwrap.fill(line, width, subsequent_indent=indent, break_on_hyphens=False,
-                         break_long_words=False)
-
-
 def _report(paths: Sequence[str], as_json: bool) -> int:
     from rocm_autopatch import report_view
 
     try:
-        view = report_view.job(report_view.load(paths))
+        reports = report_view.load(paths)
+        view = report_view.job(reports)
     except report_view.ReportError as exc:
         sys.stderr.write(f"rocm-autopatch doctor: {exc}\n")
         return 2
     sys.stdout.write(json.dumps(view, indent=2) + "\n" if as_json else
-                     "\n".join(_fit(line) for line in report_view.render(view)) + "\n")
+                     "\n".join(fit(line) for line in report_view.render(view, reports)) + "\n")
     return 0 if view["healthy"] else 1
 
 

@@ -10,10 +10,10 @@ start-up hooks. A value a torch release does not count stays unknown ("?"), neve
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from rocm_autopatch import compile_report
-from rocm_autopatch.cli import Verbatim  # a line kept whole: it holds a path to copy
+from rocm_autopatch.text import Verbatim, keep
 
 
 class ReportError(Exception):
@@ -61,12 +61,15 @@ def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, s
     return sorted(merged.values(), key=lambda e: (-len(e["processes"]), -e["count"]))
 
 
-def red_flags(reports: List[Dict[str, Any]]) -> List[str]:
+def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -> List[str]:
+    """One line per red flag; ``mark`` wraps the spans a reader copies or searches for
+    (``text.keep`` when rendering, so wrapping never splits them)."""
     flags = []
     for report in reports:
         for hit in report["compile"]["recompile_limit_hit"]:
-            flags.append(f"{_label(report)}: {hit['where']} hit the recompile limit "
-                         f"x{hit['count']}: torch runs it eagerly from then on (raise "
+            flags.append(f"{_label(report)}: {mark(hit['where'])} "
+                         f"{mark('hit the recompile limit')} x{hit['count']}: torch runs "
+                         "it eagerly from then on (raise "
                          "torch._dynamo.config.recompile_limit, or dynamic=True for "
                          "changing shapes)")
         for error in report.get("errors", []):
@@ -106,8 +109,8 @@ def _n(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def render(view: Dict[str, Any]) -> List[str]:
-    """The job view as text lines (the doctor fits them to 80 columns)."""
+def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
+    """The job view of ``reports`` as text lines (the doctor fits them to 80 columns)."""
     procs = view["processes"]
     out = [f"rocm-autopatch compile report: {len(procs)} process"
            f"{'es' if len(procs) != 1 else ''}", ""]
@@ -136,5 +139,6 @@ def render(view: Dict[str, Any]) -> List[str]:
                             f"{f['where']}"))
     if not view["slowest_frames"]:
         out.append("  none")
-    out += [""] + ([f"! {flag}" for flag in view["red_flags"]] or ["healthy"])
+    flags = red_flags(reports, mark=keep)
+    out += [""] + ([f"! {flag}" for flag in flags] or ["healthy"])
     return out
