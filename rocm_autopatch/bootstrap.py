@@ -25,6 +25,7 @@ HOOKS = {
     "torch._dynamo.config": ("rocm_autopatch.hooks:on_dynamo_config",),
     "torch._inductor.config": ("rocm_autopatch.hooks:on_inductor_config",),
     "torch._dynamo.convert_frame": ("rocm_autopatch.hooks:on_convert_frame",),
+    "torch._inductor.compile_fx": ("rocm_autopatch.hooks:on_compile_fx",),
 }
 
 _lock = _thread.allocate_lock()

@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import os
+import sys
 import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
@@ -83,11 +85,43 @@ def capturing(torch: types.ModuleType) -> bool:
 
 
 def where(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[str, int, str]:
-    """(file, first line, name) of the frame ``_compile`` was called for."""
+    """(file, first line, name) of the frame ``_compile`` was called for. A frame of
+    torch's own (``inner`` in ``torch/_dynamo/external_utils.py`` for a compiled module, the
+    wrapper of a lazily compiled backward) is named by the user's call that reached it,
+    ``(file, line, function)``, as torch's structured trace does."""
     code = args[0] if args else kwargs.get("code")
-    if isinstance(code, types.CodeType):
-        return code.co_filename, code.co_firstlineno, code.co_name
-    return "<unknown>", 0, "<unknown>"
+    if not isinstance(code, types.CodeType):
+        return "<unknown>", 0, "<unknown>"
+    found = code.co_filename, code.co_firstlineno, code.co_name
+    if _inside(code.co_filename, _torch_dir()):
+        return user_site() or found
+    return found
+
+
+def _torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent/torch") + os.sep
+
+
+def _inside(filename: str, directory: str) -> bool:
+    return filename.startswith(directory)
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def user_site() -> Optional[Tuple[str, int, str]]:
+    """(file, line, function) of the innermost caller on this thread's stack that is
+    neither torch nor rocm-autopatch; None when there is none."""
+    torch_dir = _torch_dir()
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (_inside(filename, torch_dir) or _inside(filename, _OURS)
+                or filename.startswith("<frozen ")):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None
 
 
 # ---- the policy: run eagerly this once -------------------------------------------------

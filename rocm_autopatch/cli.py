@@ -69,6 +69,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
         import torch._inductor.config  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - no torch here is a finding, not a crash
         data["torch_error"] = repr(exc)
+    _numerics_sentinel(record)
     data["install"]["activation"] = bootstrap.activation()
     data["install"]["mode"] = bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
         os.environ.get(bootstrap.ENV_MODE, ""))
@@ -85,6 +86,19 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["left_out"] = profiles.LEFT_OUT
     data["healthy"] = not any(r["flag"] == "red" for r in data["environment"])
     return data
+
+
+def _numerics_sentinel(record: Any) -> None:
+    """The sentinel's line: installed where the variable asks for it (its hook fires when
+    Inductor's compile_fx is imported), otherwise said to be off."""
+    from rocm_autopatch import verify
+
+    if record.REPORT.active and verify.mode() != "off":
+        try:
+            import torch._inductor.compile_fx  # noqa: F401 - the hook installs the sentinel
+        except Exception:  # noqa: BLE001 - a broken torch is reported elsewhere
+            pass
+    verify.record_if_off()
 
 
 def _human(data: Dict[str, Any]) -> str:

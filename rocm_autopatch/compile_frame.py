@@ -21,12 +21,19 @@ import functools
 import threading
 import types
 from time import perf_counter
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from rocm_autopatch import capture, record, watchdog
 
 _lock = threading.Lock()
 _MARK = "_rocm_autopatch"
+_current = threading.local()
+
+
+def current() -> Optional[Tuple[str, int, str]]:
+    """(file, first line, name) of the frame this thread is compiling, if any (the numerics
+    sentinel names its graphs with it)."""
+    return getattr(_current, "where", None)
 
 
 def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,
@@ -41,6 +48,7 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
         token = observe.begin() if observe is not None else None
         start = perf_counter()
         error = None
+        outer, _current.where = current(), where
         try:
             if capturing:
                 return capture.compile_inside(torch, original, skip_rng, args, kwargs)
@@ -49,6 +57,7 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
             error = exc
             raise
         finally:
+            _current.where = outer
             if timer is not None:
                 timer.cancel()
             if observe is not None:
@@ -63,8 +72,8 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
 
 def installed(convert_frame: types.ModuleType) -> Optional[Any]:
     """Our wrapper, if ``convert_frame._compile`` is one."""
-    current = getattr(convert_frame, "_compile", None)
-    return current if getattr(current, _MARK, False) else None
+    found = getattr(convert_frame, "_compile", None)
+    return found if getattr(found, _MARK, False) else None
 
 
 def install(convert_frame: types.ModuleType) -> None:

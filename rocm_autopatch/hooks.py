@@ -128,3 +128,15 @@ def on_convert_frame(module: ModuleType) -> None:
     from rocm_autopatch import compile_frame
 
     compile_frame.install(module)
+
+
+
+def on_compile_fx(module: ModuleType) -> None:
+    """The numerics sentinel; unset or off, not even its module is imported."""
+    from rocm_autopatch import log
+
+    if os.environ.get(record.ENV_VERIFY, "").strip().lower() in log.FALSE_WORDS or not decide():
+        return
+    from rocm_autopatch import verify
+
+    verify.install(module)

@@ -100,6 +100,9 @@ class Report(_Fields):
     fixes: Dict[str, Dict[str, str]] = {}
     # "function (file:line)" -> calls that ran eagerly because a graph was being captured
     eager_in_capture: Dict[str, int] = {}
+    # The numerics sentinel (ROCM_AUTOPATCH_VERIFY): {"mode", "calls", "graphs": [...],
+    # "totals"}; empty while it is off (rocm_autopatch/verify.py)
+    verify: Dict[str, Any] = {}
     errors: List[str] = []
     warnings: List[str] = []
 
@@ -122,6 +125,8 @@ REPORT = Report()
 # (``compile_report.Collector``; None when the variable is unset: nothing is counted).
 ENV_REPORT = "ROCM_AUTOPATCH_REPORT"
 COMPILE: Optional[Any] = None
+# The numerics sentinel's variable (``verify``; read here so that off imports nothing).
+ENV_VERIFY = "ROCM_AUTOPATCH_VERIFY"
 
 
 def frame_label(filename: str, line: int, name: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from rocm_autopatch import compile_report
+from rocm_autopatch import compile_report, verify
 from rocm_autopatch.text import Verbatim, keep
 
 
@@ -42,9 +42,12 @@ def _order(report: Dict[str, Any]) -> Tuple[int, str, int]:
     return number, report["process"].get("host", ""), report["process"]["pid"]
 
 
+def _who(rank: Any, pid: Any) -> str:
+    return f"rank {rank}" if rank is not None else f"pid {pid}"
+
+
 def _label(report: Dict[str, Any]) -> str:
-    rank = report["process"].get("rank")
-    return f"rank {rank}" if rank is not None else f"pid {report['process']['pid']}"
+    return _who(report["process"].get("rank"), report["process"]["pid"])
 
 
 def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, str]
@@ -74,6 +77,11 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
                          "changing shapes)")
         for error in report.get("errors", []):
             flags.append(f"{_label(report)}: rocm-autopatch hook failed: {error}")
+        for graph in (report.get("verify") or {}).get("graphs", []):
+            if graph.get("status") in (verify.FAILED, verify.FELL_BACK):
+                flags.append(f"{_label(report)}: graph {graph['graph']} of "
+                             f"{mark(graph['where'])} {mark('computes wrong numbers')} when "
+                             f"compiled ({graph['status']}): {graph['reason']}")
     return flags
 
 
@@ -90,7 +98,7 @@ def job(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
             "graph_breaks": c["graph_breaks"]["total"], "recompiles": c["recompiles"]["total"],
             "seconds": c["seconds"], "eager_in_capture": c["eager_in_capture"]["total"],
             "watchdog_warnings": len(c["watchdog_warnings"]), "cache": c["cache"],
-            "unknown": c.get("unknown", {}),
+            "unknown": c.get("unknown", {}), "verify": _numerics(report),
         })
     slowest = sorted(((f, _label(r)) for r in reports for f in r["compile"]["slowest_frames"]),
                      key=lambda pair: -pair[0]["seconds"])
@@ -100,9 +108,34 @@ def job(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
         "graph_breaks": _recurring(reports, "graph_breaks", ("reason", "where")),
         "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
         "slowest_frames": [{**f, "process": who} for f, who in slowest[:compile_report.TOP]],
+        "numerics": _graphs_not_passed(reports),
         "red_flags": flags,
         "healthy": not flags,
     }
+
+
+def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Graphs the numerics sentinel failed or did not compare, merged across processes."""
+    merged: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
+    for report in reports:
+        for g in (report.get("verify") or {}).get("graphs", []):
+            if g.get("status") == verify.PASSED:
+                continue
+            key = (f"graph {g['graph']} of {g['where']}", g["status"], g.get("reason", ""))
+            slot = merged.setdefault(key, {"graph": key[0], "status": key[1],
+                                           "reason": key[2], "processes": []})
+            slot["processes"].append(_label(report))
+    bad = (verify.FAILED, verify.FELL_BACK)
+    return sorted(merged.values(), key=lambda e: (e["status"] not in bad,
+                                                  -len(e["processes"])))
+
+
+def _numerics(report: Dict[str, Any]) -> Dict[str, Any]:
+    """The numerics sentinel's totals for one process (mode "off" when it was not on)."""
+    info = report.get("verify") or {}
+    totals = info.get("totals") or {}
+    return {"mode": info.get("mode", "off"), **{k.replace(" ", "_"): v
+                                                for k, v in totals.items()}}
 
 
 def _n(value: Any) -> str:
@@ -117,13 +150,26 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
     out.append(f"  {'process':<12}{'graphs':>7}{'breaks':>7}{'recomp.':>8}{'seconds':>9}"
                f"{'eager*':>7}{'fx cache hit/miss':>19}")
     for p in procs:
-        who = f"rank {p['rank']}" if p["rank"] is not None else f"pid {p['pid']}"
+        who = _who(p["rank"], p["pid"])
         cache = f"{_n(p['cache'].get('fxgraph_hit'))}/{_n(p['cache'].get('fxgraph_miss'))}"
         out.append(f"  {who:<12}{_n(p['graphs']):>7}{_n(p['graph_breaks']):>7}"
                    f"{p['recompiles']:>8}{p['seconds']:>9.1f}{p['eager_in_capture']:>7}"
                    f"{cache:>19}")
     out.append("  (* calls run eagerly because a CUDA/HIP graph was being captured; "
                "? = not counted by this torch)")
+    checked = [p for p in procs if p["verify"]["mode"] != "off"]
+    if checked:
+        out += ["", "Numerics (ROCM_AUTOPATCH_VERIFY: compiled graphs compared with eager)"]
+        for p in checked:
+            v = p["verify"]
+            out.append(f"  {_who(p['rank'], p['pid']):<12}{v['mode']}: "
+                       f"{v.get('passed', 0)} passed, {v.get('failed', 0)} failed, "
+                       f"{v.get('fell_back', 0)} fell back, {v.get('skipped', 0)} not "
+                       "compared")
+        for e in view["numerics"][:compile_report.TOP]:
+            out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
+                       f"{e['reason']}")
+            out.append(Verbatim(f"      {e['graph']}"))
     for title, key, first in (("Graph breaks", "graph_breaks", "reason"),
                               ("Recompiles", "recompiles", "reason")):
         out += ["", f"{title} (most processes first)"]

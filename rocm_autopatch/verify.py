@@ -1,0 +1,467 @@
+"""The numerics sentinel: the one owner of ``torch._inductor.compile_fx.compile_fx``.
+
+A compiled kernel that computes wrong numbers raises no error: on AMD GPUs it has shown
+as a model that scores 0 on an eval (vllm-project/vllm#28268), NaN (ROCm/pytorch#3150) or
+a bf16 miscompile on gfx950 (pytorch#187401). ``ROCM_AUTOPATCH_VERIFY`` watches every
+graph Inductor compiles:
+
+- ``check`` (also ``1``): the first ``ROCM_AUTOPATCH_VERIFY_CALLS`` calls (default 1) of
+  each graph are also run eagerly on the same inputs and judged with torch's accuracy
+  criterion against a float64 reference (``numerics``); one warning names a graph that
+  fails. The program's results are the compiled ones, unchanged.
+- ``fallback``: the same; a graph that fails returns eager's result for that call and runs
+  eagerly from then on. Other graphs stay compiled.
+
+Every Inductor compile passes through ``compile_fx`` (``torch/__init__.py``
+``_TorchCompileInductorWrapper.__call__`` imports it at call time, torch 2.1-2.15; torch's
+``inductor`` backend calls it too). Other backends are not touched. Unset or ``0``, this
+module is not even imported. What is checked, skipped (and why), passed or failed is in
+``report().verify``, the compile report and the doctor.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+import types
+from typing import Any, Dict, List, Optional, Tuple
+
+from rocm_autopatch import compile_frame, log, record
+
+ENV = record.ENV_VERIFY
+ENV_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
+NAME = "numerics_sentinel"
+MODES = {"check": ("1", "check", "on", "true", "yes"), "fallback": ("fallback",)}
+REF = "vllm-project/vllm#28268, ROCm/pytorch#3150, pytorch#187401"
+# The backward check's extra memory (float64 copies of the graph's differentiable inputs
+# and the gradients) must fit in this share of the device's free memory.
+BACKWARD_MEMORY_SHARE = 0.5
+
+# Statuses of a graph.
+PENDING, PASSED, FAILED, FELL_BACK, SKIPPED = "pending", "passed", "failed", "fell back", \
+    "skipped"
+
+_lock = threading.RLock()
+_busy = threading.local()  # compile_fx calls itself (config patches): wrap the outermost
+_MARK = "_rocm_autopatch"
+
+
+def mode(raw: Optional[str] = None) -> str:
+    """``ROCM_AUTOPATCH_VERIFY`` -> "off", "check" or "fallback"; a bad value warns, checks."""
+    raw = os.environ.get(ENV, "") if raw is None else raw
+    value = raw.strip().lower()
+    if value in log.FALSE_WORDS:
+        return "off"
+    for name, words in MODES.items():
+        if value in words:
+            return name
+    log.warn_once(("env", ENV), f"{ENV}={raw!r} is not understood; accepted: check (or 1), "
+                  "fallback, 0/off. Using check (compiled results, with a warning for a "
+                  "graph that computes wrong numbers).")
+    return "check"
+
+
+def calls() -> int:
+    raw = os.environ.get(ENV_CALLS, "")
+    try:
+        value = int(raw.strip() or "1")
+        if value >= 1:
+            return value
+    except ValueError:
+        pass
+    log.warn_once(("env", ENV_CALLS), f"{ENV_CALLS}={raw!r} is not understood; accepted: an "
+                  "integer >= 1 (how many calls of each graph are checked). Using 1.")
+    return 1
+
+
+def section() -> Dict[str, Any]:
+    """``report().verify``, created on first use: mode, calls, graphs and totals."""
+    with record.LOCK:
+        found = record.REPORT.verify
+        if not found:
+            found.update({"mode": "off", "calls": 0, "graphs": [],
+                          "totals": dict.fromkeys((PENDING, PASSED, FAILED, FELL_BACK,
+                                                   SKIPPED), 0)})
+        return found
+
+
+class Graph:
+    """One compiled graph under watch: its eager copy, its compiled function, its record."""
+
+    def __init__(self, gm: Any, compiled: Any, graph_id: str, where: str, how: str,
+                 checks: int) -> None:
+        self.gm = gm
+        self.compiled = compiled
+        self.how = how
+        self.checks_left = checks
+        self.fast: Any = None  # what every call runs once the checks are over
+        self.lock = threading.Lock()
+        self.analysis: Any = None
+        self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
+                                      "calls_checked": 0, "reason": "", "mismatch": None,
+                                      "backward": "not checked yet", "seconds": 0.0}
+        with record.LOCK:
+            found = section()
+            found["graphs"].append(self.entry)
+            found["totals"][PENDING] += 1
+
+    # ---- state -------------------------------------------------------------------------
+
+    def finish(self, status: str, reason: str = "") -> None:
+        with record.LOCK:
+            totals = section()["totals"]
+            totals[self.entry["status"]] -= 1
+            totals[status] += 1
+            self.entry["status"] = status
+            if reason:
+                self.entry["reason"] = reason
+            if status == SKIPPED:
+                self.entry["backward"] = "not checked: the graph is not compared (see reason)"
+        self.fast = self.eager_call if status == FELL_BACK else self.compiled
+        self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
+
+    def label(self) -> str:
+        return f"graph {self.entry['graph']} of {self.entry['where']}"
+
+    # ---- calls ---------------------------------------------------------------------------
+
+    def inputs(self, args: Tuple[Any, ...]) -> Tuple[Optional[List[Any]], bool]:
+        """The graph's inputs as a list, and whether the call was boxed (one list that the
+        compiled function empties). The ``_boxed_call`` attribute is not trusted: torch's
+        ``aot_module_simplified`` copies it onto an unboxed function."""
+        count = len(self.placeholders)
+        if len(args) == count:
+            return list(args), False
+        if len(args) == 1 and isinstance(args[0], list) and len(args[0]) == count:
+            return list(args[0]), True
+        return None, False
+
+    @functools.cached_property
+    def placeholders(self) -> List[Any]:
+        from rocm_autopatch import numerics
+
+        return numerics.placeholders(self.gm)
+
+    def eager_call(self, *args: Any) -> Any:
+        flat, boxed = self.inputs(args)
+        if flat is None:
+            return self.compiled(*args)
+        if boxed:
+            args[0].clear()  # the convention: the callee releases the caller's list
+        return self.gm(*flat)
+
+    def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        import torch
+
+        from rocm_autopatch import capture
+
+        if kwargs or getattr(_busy, "checking", False) or capture.capturing(torch) or \
+                not self.lock.acquire(blocking=False):
+            # Inside graph capture nothing may synchronise; another thread is checking it.
+            return self.compiled(*args, **kwargs)
+        try:
+            if self.fast is not None:
+                return self.fast(*args)
+            _busy.checking = True
+            start = time.perf_counter()
+            try:
+                return self.check(args)
+            finally:
+                _busy.checking = False
+                with record.LOCK:
+                    self.entry["seconds"] = round(self.entry["seconds"]
+                                                  + time.perf_counter() - start, 3)
+        finally:
+            self.lock.release()
+
+    def check(self, args: Tuple[Any, ...]) -> Any:
+        import torch
+
+        from rocm_autopatch import numerics
+
+        flat, boxed = self.inputs(args)
+        if flat is None:
+            self.finish(SKIPPED, "not checked: called with inputs that do not match the graph")
+            return self.compiled(*args)
+        if self.analysis is None:
+            self.analysis = numerics.analyse(self.gm, flat)
+        analysis = self.analysis
+        if analysis.error:
+            self.finish(SKIPPED, f"not checked: the graph could not be run on fake tensors "
+                                 f"to see what it writes ({analysis.error})")
+            return self.compiled(*args)
+        if analysis.random:
+            self.finish(SKIPPED, f"not compared: it calls random ops "
+                                 f"({', '.join(analysis.random)}), whose compiled and eager "
+                                 "results differ by design")
+            return self.compiled(*args)
+        mutated = sorted(analysis.mutated)
+        pre = {i: flat[i].detach().clone() for i in mutated}  # the state before this call
+        before = numerics.versions(flat)
+        res = self.compiled(*args)
+        unforeseen = numerics.changed(flat, before) - analysis.mutated
+        if unforeseen:
+            self.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
+                                 f"{sorted(unforeseen)} that the analysis did not foresee")
+            return res
+        # Eager and float64 on the same inputs: what they write goes to copies of the state
+        # before the call; what they only read is shared, never copied.
+        eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
+        inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
+        with torch.no_grad():
+            ref = self.gm(*eager_inputs)
+            ref64 = numerics.run_fp64(self.gm, inputs64)
+        outputs = len(numerics.leaves(ref))
+        bad = numerics.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
+                               numerics.leaves(res) + [flat[i] for i in mutated],
+                               numerics.leaves(ref64) + [inputs64[i] for i in mutated],
+                               numerics.TOL_FORWARD)
+        del eager_inputs, inputs64, ref, ref64
+        grad = torch.is_grad_enabled()
+        if not grad:
+            self.entry["backward"] = "not applicable: gradients are off (inference)"
+        elif not bad:
+            self.entry["backward"] = self.check_backward(flat, pre, res, boxed)
+        with record.LOCK:
+            self.entry["calls_checked"] += 1
+        if bad:
+            if grad:
+                self.entry["backward"] = "not checked: the forward pass already differs"
+            return self.failed(bad[0], outputs, flat, pre, res, grad, "forward")
+        if self.entry["backward"].startswith(FAILED):
+            return self.failed(None, outputs, flat, pre, res, grad, "backward")
+        self.checks_left -= 1
+        if self.checks_left <= 0:
+            self.finish(PASSED)
+        return res
+
+    # ---- the backward pass ------------------------------------------------------------------
+
+    def check_backward(self, flat: List[Any], pre: Dict[int, Any], res: Any,
+                       boxed: bool) -> str:
+        """Gradients of the compiled graph against eager's, with a float64 reference, for
+        the same seeded random upstream gradients. Each runs the graph again on detached
+        aliases of the inputs (no copy; no hook of the program's tensors fires; nothing
+        accumulates into ``.grad``) and on copies of what it writes."""
+        import torch
+
+        from rocm_autopatch import numerics
+
+        outs = [o for o in numerics.leaves(res) if isinstance(o, torch.Tensor)]
+        if not any(o.requires_grad for o in outs):
+            return "not applicable: no output requires grad"
+        wanted = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)
+                  and x.requires_grad and x.is_floating_point()]
+        if not wanted:
+            return "not applicable: no input requires grad"
+        need = sum(flat[i].numel() * (2 * flat[i].element_size() + 16) for i in wanted)
+        room = _free_bytes(flat[wanted[0]].device)
+        if room is not None and need > room * BACKWARD_MEMORY_SHARE:
+            return (f"not checked: the float64 reference gradients would need "
+                    f"{need / 2**30:.1f} GiB, more than half of the {room / 2**30:.1f} GiB "
+                    "free")
+
+        def compiled(*inputs: Any) -> Any:
+            return self.compiled(list(inputs)) if boxed else self.compiled(*inputs)
+
+        try:
+            got, upstream = _grads(compiled, flat, pre, wanted, None, False)
+            eager, _ = _grads(self.gm, flat, pre, wanted, upstream, False)
+            eager64, _ = _grads(lambda *xs: numerics.run_fp64(self.gm, list(xs)), flat, pre,
+                                wanted, upstream, True)
+        except Exception as exc:  # noqa: BLE001 - not checkable here: say so
+            return f"not checked: {type(exc).__name__}: {str(exc).strip()[:200]}"
+        bad = numerics.compare(eager, got, eager64, numerics.TOL_BACKWARD)
+        if not bad:
+            return f"passed ({len(wanted)} gradients)"
+        m = bad[0]
+        return (f"{FAILED}: gradient {m.index} (shape {list(m.shape)}, {m.dtype}) differs "
+                f"from eager by up to {m.max_abs_diff:.3g}")
+
+    # ---- a graph that computes wrong numbers ---------------------------------------------
+
+    def failed(self, m: Any, outputs: int, flat: List[Any], pre: Dict[int, Any], res: Any,
+               grad: bool, which: str) -> Any:
+        import torch
+
+        from rocm_autopatch import numerics
+
+        what = self.entry["backward"] if m is None else _describe(m, outputs, self.gm)
+        with record.LOCK:
+            self.entry["mismatch"] = None if m is None else {
+                **m._asdict(), "what": ("output" if m.index < outputs else "written input"),
+                "origin": numerics.origin(self.gm, m.index) if m.index < outputs else ""}
+        falling_back = self.how == "fallback"
+        if falling_back:
+            # This call gets eager's result, computed on the real inputs from their state
+            # before the call (what the compiled call wrote is undone first).
+            with torch.no_grad():
+                for i, state in pre.items():
+                    flat[i].copy_(state)
+            with numerics.grad_mode(grad):
+                res = self.gm(*flat)
+        self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager")
+        then = (" This call returned eager's result and this graph runs eagerly from now on; "
+                "other graphs stay compiled." if falling_back else
+                f" Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
+                "this graph eagerly instead.")
+        log.warn_once(("verify", id(self)),
+                      f"numerics: {self.label()} computes wrong numbers when compiled: "
+                      f"{what}.{then} Compiled kernels that silently compute wrong numbers "
+                      f"have been reported on AMD GPUs ({REF}); to report this one, "
+                      "TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a minimal "
+                      "repro, and `rocm-autopatch doctor --json` the environment.")
+        return res
+
+
+def _describe(m: Any, outputs: int, gm: Any) -> str:
+    from rocm_autopatch import numerics
+
+    if m.index < outputs:
+        where = numerics.origin(gm, m.index)
+        what = f"output {m.index}" + (f" (made at {where})" if where else "")
+    else:
+        what = f"the input it writes (#{m.index - outputs})"
+    text = (f"{what}, shape {list(m.shape)}, {m.dtype}, differs from eager by up to "
+            f"{m.max_abs_diff:.3g}")
+    if m.compiled_rmse is not None and m.eager_rmse is not None:
+        text += (f"; error against float64: compiled {m.compiled_rmse:.3g}, eager "
+                 f"{m.eager_rmse:.3g} (RMSE)")
+    if m.nonfinite:
+        text += f"; {m.nonfinite} NaN/inf values where eager has none"
+    return text
+
+
+def _grads(run: Any, flat: List[Any], pre: Dict[int, Any], wanted: List[int],
+           upstream: Optional[List[Any]], fp64: bool) -> Tuple[List[Any], List[Any]]:
+    """(d(sum(out * g))/d(input) for the ``wanted`` inputs, the ``g`` used). ``g`` is drawn
+    once, seeded, from a private generator (the program's random streams are untouched),
+    in each output's dtype; the float64 run gets the same values."""
+    import torch
+
+    from rocm_autopatch import numerics
+
+    inputs = []
+    for i, x in enumerate(flat):
+        if i in pre:
+            x = numerics.fp64_copy(pre[i]) if fp64 else pre[i].clone()
+        elif i in wanted:
+            x = (numerics.to_fp64(x.detach()) if fp64 else x.detach()).requires_grad_()
+        inputs.append(x)
+    with torch.enable_grad():
+        outs = [o for o in numerics.leaves(run(*inputs))
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        if upstream is None:
+            generator = torch.Generator(device=outs[0].device).manual_seed(0)
+            upstream = [torch.randn(o.shape, generator=generator, device=o.device,
+                                    dtype=torch.float32).to(o.dtype) for o in outs]
+        if len(upstream) != len(outs):
+            raise RuntimeError("the runs disagree on which outputs require grad")
+        grads = torch.autograd.grad(outs, [inputs[i] for i in wanted],
+                                    [numerics.to_fp64(g) if fp64 else g for g in upstream],
+                                    allow_unused=True)
+    return list(grads), upstream
+
+
+def _free_bytes(device: Any) -> Optional[int]:
+    """Free memory where ``device``'s tensors live; None when it cannot be read."""
+    try:
+        if device.type == "cuda":
+            import torch
+
+            return int(torch.cuda.mem_get_info(device)[0])
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
+    @functools.wraps(original)
+    def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_busy, "compiling", False):
+            return original(model_, example_inputs_, *args, **kwargs)
+        try:
+            from rocm_autopatch import numerics
+
+            gm = numerics.copy_graph(model_)
+        except Exception:  # noqa: BLE001 - not a graph we can copy: compile, unwatched
+            return original(model_, example_inputs_, *args, **kwargs)
+        _busy.compiling = True
+        try:
+            compiled = original(model_, example_inputs_, *args, **kwargs)
+        finally:
+            _busy.compiling = False
+        if not callable(compiled):  # AOTInductor: a path to a package, not a function
+            return compiled
+        graph = Graph(gm, compiled, _graph_id(), _where(), how, checks)
+
+        def run(*call_args: Any, **call_kwargs: Any) -> Any:
+            fast = graph.fast
+            if fast is not None and not call_kwargs:
+                return fast(*call_args)
+            return graph.call(call_args, call_kwargs)
+
+        run.__dict__.update(getattr(compiled, "__dict__", {}))
+        run.__wrapped__ = compiled  # type: ignore[attr-defined]
+        run.__name__ = run.__qualname__ = getattr(compiled, "__name__", "compiled_graph")
+        return run
+
+    setattr(compile_fx, _MARK, True)
+    return compile_fx
+
+
+def _graph_id() -> str:
+    """torch's compile id for the graph being compiled ("0/1", as TORCH_LOGS shows it)."""
+    try:
+        from torch._guards import CompileContext
+
+        found = CompileContext.current_compile_id()
+        return str(found) if found is not None else "?"
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def _where() -> str:
+    where = compile_frame.current()
+    return record.frame_label(*where) if where else "<unknown frame>"
+
+
+def install(module: types.ModuleType) -> None:
+    """Wrap ``module.compile_fx`` once (``module`` is ``torch._inductor.compile_fx``)."""
+    how = mode()
+    with _lock:
+        info = section()
+        if how == "off":
+            return
+        original = getattr(module, "compile_fx", None)
+        if getattr(original, _MARK, False):
+            return
+        if not callable(original):
+            record.REPORT.fixes[NAME] = {
+                "status": record.SKIPPED, "ref": REF,
+                "reason": "torch._inductor.compile_fx has no compile_fx here: nothing checked"}
+            return
+        checks = calls()
+        module.compile_fx = wrap_compile_fx(original, how, checks)
+        info.update(mode=how, calls=checks)
+        then = ("returns eager's result and runs that graph eagerly from then on"
+                if how == "fallback" else "warns; results stay the compiled ones")
+        record.REPORT.fixes[NAME] = {
+            "status": record.APPLIED, "ref": REF,
+            "reason": f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
+                      "compared with eager against a float64 reference (torch's "
+                      f"torch._dynamo.utils.same); a graph that differs {then}"}
+
+
+def record_if_off() -> None:
+    """Say in the record that the sentinel is off, where nothing installed it."""
+    record.REPORT.fixes.setdefault(NAME, {
+        "status": "off", "ref": REF,
+        "reason": f"{ENV} is unset: compiled graphs are not compared with eager (check: warn "
+                  "about a graph that computes wrong numbers; fallback: also run it eagerly)"})
