@@ -112,7 +112,8 @@ _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def user_site() -> Optional[Tuple[str, int, str]]:
     """(file, line, function) of the innermost caller on this thread's stack that is
-    neither torch nor rocm-autopatch; None when there is none."""
+    neither torch nor rocm-autopatch, as torch's "start compiling" stack shows it; None
+    when there is none."""
     torch_dir = _torch_dir()
     frame = sys._getframe(1)
     while frame is not None:

@@ -1,0 +1,187 @@
+"""The numerics sentinel (ROCM_AUTOPATCH_VERIFY) on real CPU compiles of the installed wheel.
+
+The miscompile is torch's own fault injection in Inductor's C++ code generation
+(``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"``: relu(x) computed as x + 1), driven by
+scripts/verify_repro.py; what the sentinel reports is held to torch's own logs of the same
+run (``TORCH_LOGS``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Dict, Tuple
+
+import pytest
+from conftest import ROOT, Venv, clean_env
+
+SCRIPT = (ROOT / "scripts" / "verify_repro.py").read_text()
+CALL_LINE = SCRIPT.splitlines().index("        got = [compiled(x) for x in xs]") + 1
+
+
+def run(venv: Venv, tmp_path: Path, scenario: str, **env: str
+        ) -> Tuple[dict, subprocess.CompletedProcess]:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([venv.python, str(script), scenario], capture_output=True, text=True,
+                          env=clean_env(**{"ROCM_AUTOPATCH": "force", **env}), cwd=str(tmp_path),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+
+
+def warnings(proc: subprocess.CompletedProcess) -> list:
+    return [line for line in proc.stderr.splitlines() if "numerics:" in line]
+
+
+def graphs(data: dict) -> Dict[str, dict]:
+    return {g["graph"]: g for g in data["verify"]["graphs"]}
+
+
+def test_a_miscompile_is_caught_named_as_torch_names_it_and_flagged(torch_venv: Venv,
+                                                                     tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    data, proc = run(torch_venv, tmp_path, "bug", ROCM_AUTOPATCH_VERIFY="check",
+                     ROCM_AUTOPATCH_REPORT=str(report), TORCH_LOGS="+dynamo,graph_code")
+    # check: the program's results are the compiled ones, wrong, unchanged.
+    assert all(d > 0.1 for d in data["out"]["diffs"]), data["out"]
+    (g,) = data["verify"]["graphs"]
+    assert g["status"] == "failed" and g["calls_checked"] == 1
+    m = g["mismatch"]
+    assert m["what"] == "output" and m["max_abs_diff"] > 0.1
+    # torch's criterion: the compiled error against float64 far above eager's.
+    assert m["compiled_rmse"] > 100 * m["eager_rmse"] and "RMSE" in m["detail"]
+    assert data["verify"]["totals"] == {"pending": 0, "passed": 0, "failed": 1,
+                                        "fell back": 0, "skipped": 0}
+    # Named as torch names it in its own log of this run: the compile id of the traced
+    # graph, and the innermost user frame of its "start compiling" stack.
+    logged = set(re.findall(r"\] \[(\d+/\d+)\] \[__graph_code\] TRACED GRAPH", proc.stderr))
+    assert logged == {g["graph"]} == {"0/0"}
+    stack = proc.stderr.split("[0/0] torchdynamo start compiling")[1].split("Step 1")[0]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', stack)
+    file, line, name = [f for f in frames if "/site-packages/torch/" not in f[0]][-1]
+    assert g["where"] == f"{name} ({file}:{line})"
+    assert f"({tmp_path / 'job.py'}:{CALL_LINE})" in g["where"]
+    (warning,) = warnings(proc)
+    assert f"graph 0/0 of {g['where']}" in warning
+    assert "computes wrong numbers" in warning and "compiled ones, unchanged" in warning
+    assert "ROCM_AUTOPATCH_VERIFY=fallback" in warning and "vllm-project/vllm#28268" in warning
+    # The compile report carries it, and the job view makes it a red flag (exit 1).
+    assert json.loads(report.read_text())["verify"]["graphs"][0]["status"] == "failed"
+    view = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor",
+                           "--report", str(report)], capture_output=True, text=True,
+                          env=clean_env(), timeout=300)
+    assert view.returncode == 1, view.stdout + view.stderr
+    assert "computes wrong numbers" in view.stdout and "1 failed" in view.stdout
+
+
+def test_fallback_gives_eagers_numbers_for_the_rest_of_the_run(torch_venv: Venv,
+                                                               tmp_path: Path) -> None:
+    data, proc = run(torch_venv, tmp_path, "bug", ROCM_AUTOPATCH_VERIFY="fallback")
+    assert data["out"]["diffs"] == [0.0, 0.0, 0.0]  # the checked call and the two after
+    (g,) = data["verify"]["graphs"]
+    assert g["status"] == "fell back" and g["calls_checked"] == 1
+    (warning,) = warnings(proc)
+    assert "returned eager's result" in warning and "runs eagerly from now on" in warning
+
+
+def test_healthy_graphs_pass_with_no_false_alarm_in_fp32_and_bf16(torch_venv: Venv,
+                                                                  tmp_path: Path) -> None:
+    data, proc = run(torch_venv, tmp_path, "healthy", ROCM_AUTOPATCH_VERIFY="check",
+                     ROCM_AUTOPATCH_VERIFY_CALLS="2", TORCH_LOGS="graph_code")
+    assert data["out"]["fp32"] == [0.0] * 3 and max(data["out"]["bf16"]) < 0.05
+    found = graphs(data)
+    logged = set(re.findall(r"\] \[(\d+/\d+)\] \[__graph_code\] TRACED GRAPH", proc.stderr))
+    assert set(found) == logged and len(found) == 2  # fp32, then the bf16 recompile
+    for g in found.values():
+        assert g["status"] == "passed" and g["calls_checked"] == 2, g
+        assert g["backward"].startswith("not applicable: gradients are off")
+    assert warnings(proc) == []
+
+
+def test_random_graph_is_skipped_and_the_programs_results_are_unchanged(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    data, _ = run(torch_venv, tmp_path, "dropout", ROCM_AUTOPATCH_VERIFY="check")
+    plain, _ = run(torch_venv, tmp_path, "dropout", ROCM_AUTOPATCH="0")
+    assert data["out"] == plain["out"]  # same dropout mask, same random stream after
+    (g,) = data["verify"]["graphs"]
+    assert g["status"] == "skipped" and "random ops (bernoulli_)" in g["reason"]
+    assert g["calls_checked"] == 0
+
+
+@pytest.mark.parametrize("how", ["check", "fallback"])
+def test_written_buffers_advance_exactly_once(torch_venv: Venv, tmp_path: Path,
+                                              how: str) -> None:
+    bn, _ = run(torch_venv, tmp_path, "batchnorm", ROCM_AUTOPATCH_VERIFY=how)
+    out = bn["out"]
+    assert out["num_batches_tracked"] == [3, 3]  # 3 steps, not 6
+    assert out["running_mean"] < 1e-6 and out["running_var"] < 1e-6
+    assert out["losses"]["compiled"] == pytest.approx(out["losses"]["eager"], rel=1e-6)
+    (g,) = bn["verify"]["graphs"]
+    assert g["status"] == "passed"
+    assert re.fullmatch(r"passed \(\d+ gradients\)", g["backward"]), g["backward"]
+    kv, _ = run(torch_venv, tmp_path, "kvcache", ROCM_AUTOPATCH_VERIFY=how)
+    assert kv["out"]["cache"] == 0.0 and kv["out"]["rows_written"] == 6
+    assert max(kv["out"]["outs"]) < 1e-5
+    assert [g["status"] for g in kv["verify"]["graphs"]] == ["passed"]
+
+
+def test_training_with_a_miscompile_falls_back_to_eagers_losses(torch_venv: Venv,
+                                                                tmp_path: Path) -> None:
+    data, _ = run(torch_venv, tmp_path, "train_bug", ROCM_AUTOPATCH_VERIFY="fallback")
+    out = data["out"]
+    # Gradients flow through the eager result to the real parameters: identical training.
+    assert out["losses"]["compiled"] == out["losses"]["eager"] and out["weights"] == 0.0
+    (g,) = data["verify"]["graphs"]
+    assert g["status"] == "fell back"
+    assert g["backward"] == "not checked: the forward pass already differs"
+    checked, _ = run(torch_venv, tmp_path, "train_bug", ROCM_AUTOPATCH_VERIFY="check")
+    assert checked["out"]["losses"]["compiled"] != checked["out"]["losses"]["eager"]
+
+
+@pytest.mark.parametrize("value", [None, "0", "off"])
+def test_off_loads_nothing_and_wraps_nothing(torch_venv: Venv, tmp_path: Path,
+                                             value: str) -> None:
+    env = {} if value is None else {"ROCM_AUTOPATCH_VERIFY": value}
+    data, proc = run(torch_venv, tmp_path, "healthy", **env)
+    assert data["loaded"] == [] and data["compile_fx_wrapped"] is False
+    assert data["verify"] == {} and warnings(proc) == []
+
+
+def test_bad_values_warn_once_and_name_what_is_accepted(torch_venv: Venv,
+                                                        tmp_path: Path) -> None:
+    data, proc = run(torch_venv, tmp_path, "healthy", ROCM_AUTOPATCH_VERIFY="maybe",
+                     ROCM_AUTOPATCH_VERIFY_CALLS="-2")
+    assert data["verify"]["mode"] == "check" and data["verify"]["calls"] == 1
+    said = [line for line in proc.stderr.splitlines() if "not understood" in line]
+    assert len(said) == 2
+    assert any("ROCM_AUTOPATCH_VERIFY='maybe'" in s and "fallback" in s for s in said)
+    assert any("ROCM_AUTOPATCH_VERIFY_CALLS='-2'" in s and ">= 1" in s for s in said)
+
+
+def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> None:
+    """transformers' GPT-2, Llama and ViT at small sizes, fp32 and bf16: all compared."""
+    data, proc = run(torch_venv, tmp_path, "models", ROCM_AUTOPATCH_VERIFY="check")
+    assert len(data["out"]) == 6
+    totals = data["verify"]["totals"]
+    assert totals == {"pending": 0, "passed": 6, "failed": 0, "fell back": 0,
+                      "skipped": 0}, data["verify"]["graphs"]
+    assert warnings(proc) == []
+
+
+def test_nonfinite_values_the_compiled_graph_introduces_are_flagged() -> None:
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch import numerics
+
+    ref = torch.ones(4, 4)
+    res = ref.clone()
+    res[0, 0] = float("nan")
+    (bad,) = numerics.compare([ref], [res], [ref.double()], numerics.TOL_FORWARD)
+    assert bad.nonfinite == 1
+    assert numerics.compare([ref], [ref.clone()], [ref.double()], numerics.TOL_FORWARD) == []
+    # NaN in both (eager's own) is not the compiled graph's doing.
+    both = ref.clone()
+    both[1, 1] = float("nan")
+    assert numerics.compare([both], [both.clone()], [both.double()], numerics.TOL_FORWARD) == []
