@@ -208,6 +208,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--profile", choices=tuple(profiles.PROFILES),
                      help="the profile for the target")
     run.add_argument("target", nargs=argparse.REMAINDER, help="the command to run")
+    selftest = sub.add_parser(
+        "selftest", help="a bounded run on this GPU: compile under a hostile environment, "
+                         "graph capture, the numerics sentinel; writes a JSON to attach to "
+                         "an issue")
+    selftest.add_argument("--json", metavar="PATH", dest="json_path",
+                          help="where to write the results (default: "
+                               "./rocm-autopatch-selftest.json)")
+    selftest.add_argument("--only", nargs="+", metavar="CHECK",
+                          choices=("compile", "capture", "numerics"),
+                          help="run only these checks")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -221,6 +231,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except launcher.UsageError as exc:
             sys.stderr.write(f"rocm-autopatch run: {exc}\n")
             return 2
+    if args.command == "selftest":
+        from rocm_autopatch import selftest as selftest_module
+
+        return selftest_module.main(args.json_path, args.only or list(selftest_module.CHECKS))
     if args.command != "doctor":
         parser.print_usage(sys.stderr)
         return 2

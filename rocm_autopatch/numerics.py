@@ -195,6 +195,13 @@ def run_fp64(gm: torch.fx.GraphModule, args: List[Any]) -> Any:
     return _Fp64Interpreter(gm).run(*args)
 
 
+def reference_bytes(values: List[Any]) -> int:
+    """Memory a forward check needs beyond the compiled result: per floating value the eager
+    copy, the float64 reference and the two float64 temporaries of torch's RMSE."""
+    return sum(v.numel() * (v.element_size() + 3 * 8) for v in values
+               if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
 # ---- judging ------------------------------------------------------------------------------
 
 class Mismatch(NamedTuple):

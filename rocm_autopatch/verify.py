@@ -35,9 +35,10 @@ ENV_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
 NAME = "numerics_sentinel"
 MODES = {"check": ("1", "check", "on", "true", "yes"), "fallback": ("fallback",)}
 REF = "vllm-project/vllm#28268, ROCm/pytorch#3150, pytorch#187401"
-# The backward check's extra memory (float64 copies of the graph's differentiable inputs
+# A check's extra memory (the float64 reference of the outputs and what torch's criterion
+# allocates to compare them; for the backward, float64 copies of the differentiable inputs
 # and the gradients) must fit in this share of the device's free memory.
-BACKWARD_MEMORY_SHARE = 0.5
+MEMORY_SHARE = 0.5
 
 # Statuses of a graph.
 PENDING, PASSED, FAILED, FELL_BACK, SKIPPED = "pending", "passed", "failed", "fell back", \
@@ -206,19 +207,23 @@ class Graph:
             self.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
                                  f"{sorted(unforeseen)} that the analysis did not foresee")
             return res
-        # Eager and float64 on the same inputs: what they write goes to copies of the state
-        # before the call; what they only read is shared, never copied.
-        eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
-        inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
-        with torch.no_grad():
-            ref = self.gm(*eager_inputs)
-            ref64 = numerics.run_fp64(self.gm, inputs64)
-        outputs = len(numerics.leaves(ref))
-        bad = numerics.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
-                               numerics.leaves(res) + [flat[i] for i in mutated],
-                               numerics.leaves(ref64) + [inputs64[i] for i in mutated],
-                               numerics.TOL_FORWARD)
-        del eager_inputs, inputs64, ref, ref64
+        written = [flat[i] for i in mutated]
+        need = numerics.reference_bytes(numerics.leaves(res) + written)
+        device = next((t.device for t in numerics.leaves(res) + flat
+                       if isinstance(t, torch.Tensor)), None)
+        room = _free_bytes(device) if device is not None else None
+        if room is not None and need > room * MEMORY_SHARE:
+            self.finish(SKIPPED, f"not checked: its float64 reference would need about "
+                                 f"{need / 2**30:.1f} GiB, more than half of the "
+                                 f"{room / 2**30:.1f} GiB free")
+            return res
+        try:
+            bad, outputs = self.compare(flat, pre, res, mutated)
+        except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            self.finish(SKIPPED, "not checked: computing the eager or float64 reference "
+                                 f"failed ({type(exc).__name__}: {first})")
+            return res
         grad = torch.is_grad_enabled()
         if not grad:
             self.entry["backward"] = "not applicable: gradients are off (inference)"
@@ -236,6 +241,26 @@ class Graph:
         if self.checks_left <= 0:
             self.finish(PASSED)
         return res
+
+    def compare(self, flat: List[Any], pre: Dict[int, Any], res: Any, mutated: List[int]
+                ) -> Tuple[List[Any], int]:
+        """(the values that fail torch's criterion, how many of them are outputs). Eager and
+        float64 run on the same inputs: what they write goes to copies of the state before
+        the call; what they only read is shared, never copied."""
+        import torch
+
+        from rocm_autopatch import numerics
+
+        eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
+        inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
+        with torch.no_grad():
+            ref = self.gm(*eager_inputs)
+            ref64 = numerics.run_fp64(self.gm, inputs64)
+        outputs = len(numerics.leaves(ref))
+        return numerics.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
+                                numerics.leaves(res) + [flat[i] for i in mutated],
+                                numerics.leaves(ref64) + [inputs64[i] for i in mutated],
+                                numerics.TOL_FORWARD), outputs
 
     # ---- the backward pass ------------------------------------------------------------------
 
@@ -258,7 +283,7 @@ class Graph:
             return "not applicable: no input requires grad"
         need = sum(flat[i].numel() * (2 * flat[i].element_size() + 16) for i in wanted)
         room = _free_bytes(flat[wanted[0]].device)
-        if room is not None and need > room * BACKWARD_MEMORY_SHARE:
+        if room is not None and need > room * MEMORY_SHARE:
             return (f"not checked: the float64 reference gradients would need "
                     f"{need / 2**30:.1f} GiB, more than half of the {room / 2**30:.1f} GiB "
                     "free")

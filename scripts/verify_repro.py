@@ -12,8 +12,9 @@ SCENARIO: ``bug`` (an MLP with the injected miscompile, 3 calls), ``healthy`` (t
 without it, fp32 and bf16), ``dropout`` (a graph with a random op), ``batchnorm`` (3
 training steps of a model with BatchNorm: running stats and weights), ``kvcache`` (a
 buffer written with ``index_copy_`` over 3 calls), ``train_bug`` (3 training steps with
-the injected miscompile), ``models`` (GPT-2, Llama and ViT from transformers, small
-random configs, fp32 and bf16). Used by tests/test_verify.py.
+the injected miscompile), ``no_fp64`` (a custom op with no float64 kernel), ``models``
+(GPT-2, Llama and ViT from transformers, small random configs, fp32 and bf16). Used by
+tests/test_verify.py.
 """
 
 import copy
@@ -127,9 +128,30 @@ def scenario(name: str) -> dict:
             outs = [diff(compiled(x, p), ref(x, p)) for x, p in steps]
         return {"outs": outs, "cache": diff(model.cache, ref.cache),
                 "rows_written": int((model.cache.abs().sum(1) > 0).sum())}
+    if name == "no_fp64":
+        return no_fp64()
     if name == "models":
         return models()
     raise SystemExit(f"unknown scenario {name!r}")
+
+
+def no_fp64() -> dict:
+    """A custom op with no float64 kernel (as vendor bf16/FP8 kernels have none): the graph
+    cannot get a float64 reference; the program must go on with the compiled result."""
+
+    @torch.library.custom_op("verify_repro::scale", mutates_args=())
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:
+            raise RuntimeError("verify_repro::scale has no float64 kernel")
+        return x * 2
+
+    @scale.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    compiled = torch.compile(lambda x: scale(x.sin()) + 1)
+    x = torch.randn(8, device=DEVICE)
+    return {"diff": diff(compiled(x), scale(x.sin()) + 1)}
 
 
 def models() -> dict:

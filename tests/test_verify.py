@@ -141,6 +141,15 @@ def test_training_with_a_miscompile_falls_back_to_eagers_losses(torch_venv: Venv
     assert checked["out"]["losses"]["compiled"] != checked["out"]["losses"]["eager"]
 
 
+def test_a_graph_without_a_float64_reference_is_skipped_and_the_program_goes_on(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    data, proc = run(torch_venv, tmp_path, "no_fp64", ROCM_AUTOPATCH_VERIFY="fallback")
+    assert data["out"]["diff"] == 0.0
+    (g,) = data["verify"]["graphs"]
+    assert g["status"] == "skipped" and "float64 reference failed" in g["reason"]
+    assert "has no float64 kernel" in g["reason"] and "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("value", [None, "0", "off"])
 def test_off_loads_nothing_and_wraps_nothing(torch_venv: Venv, tmp_path: Path,
                                              value: str) -> None:
