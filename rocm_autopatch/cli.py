@@ -181,12 +181,14 @@ def _install_lines(inst: Dict[str, Any]) -> List[str]:
 def _report(paths: Sequence[str], as_json: bool) -> int:
     from rocm_autopatch import report_view
 
-    try:
-        reports = report_view.load(paths)
-        view = report_view.job(reports)
-    except report_view.ReportError as exc:
-        sys.stderr.write(f"rocm-autopatch doctor: {exc}\n")
+    reports, problems = report_view.load(paths)
+    for problem in problems:
+        sys.stderr.write(f"rocm-autopatch doctor: {problem}\n")
+    if not reports:
+        sys.stderr.write("rocm-autopatch doctor: no readable compile report among "
+                         f"{len(paths)} file(s)\n")
         return 2
+    view = report_view.job(reports, problems)
     sys.stdout.write(json.dumps(view, indent=2) + "\n" if as_json else
                      "\n".join(fit(line) for line in report_view.render(view, reports)) + "\n")
     return 0 if view["healthy"] else 1

@@ -45,7 +45,7 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
             return capture.decline(decline, args, kwargs)
         where = capture.where(args, kwargs)
         timer = watchdog.arm(where, seconds) if seconds else None
-        token = observe.begin() if observe is not None else None
+        token = observe.begin(args, kwargs) if observe is not None else None
         start = perf_counter()
         error = None
         outer, _current.where = current(), where

@@ -1,57 +1,72 @@
 """The compile report: what torch.compile did in this process, written as JSON at exit.
 
-``ROCM_AUTOPATCH_REPORT=PATH`` arms it (``{rank}`` and ``{pid}`` in PATH are replaced).
-Only then is this module loaded, an exit handler registered and anything counted: the
-compile-frame hook (``compile_frame``) passes each Dynamo frame compile to ``Collector``,
-which times it and reads torch's own counters around it. What torch states is read where
-the running release has it, never guessed:
+``ROCM_AUTOPATCH_REPORT=PATH`` arms it (``{rank}`` and ``{pid}`` in PATH are replaced; a
+relative PATH is resolved when rocm-autopatch activates, so a program that changes
+directory does not move it). Only then is this module loaded, an exit handler registered
+and anything counted. Every number comes from the events torch itself logs, read where the
+running release has them:
 
-- graph breaks: ``torch._dynamo.utils.counters["graph_break"]`` (reason -> count), the
-  change across one frame compile attributed to that frame (function, file:line);
-- recompiles: a frame compiled again; the failed guard from the newest entry of
-  ``torch._dynamo.utils._compilation_metrics`` (``CompilationMetrics.recompile_reason``,
-  torch 2.9+; earlier releases: reported as unknown);
-- the recompile limit: the error leaving ``_compile`` when a frame passes it, by type
-  (``RecompileLimitExceeded``, torch 2.6-2.9 with some settings) or by torch's message
-  ("cache_size_limit reached" in 2.4-2.6, "Dynamo cache limit exceeded" in 2.9,
-  "Dynamo recompile limit exceeded" from 2.13; ``torch/_dynamo/convert_frame.py``);
-- graphs: ``counters["stats"]["unique_graphs"]``; Inductor's FX graph cache and AOT
-  autograd's cache: ``counters["inductor"]``/``counters["aot_autograd"]``.
+- graph breaks: the records torch writes to its ``graph_breaks`` log (what
+  ``TORCH_LOGS=graph_breaks`` prints: one per break, "Graph break in user code at
+  FILE:LINE", the reason, its explanation and hints). A handler of ours listens on those
+  loggers; where torch does not print them (``TORCH_LOGS`` unset) their propagation stays
+  off, so nothing more is printed;
+- recompiles: a frame compile that torch itself calls a recompilation
+  (``is_recompilation(cache_size) and frame`` in ``torch/_dynamo/convert_frame.py``
+  ``_compile``: what ``TORCH_LOGS=recompiles`` logs as "Recompiling function ..."), with
+  every guard failure torch states (``CompilationMetrics.recompile_reason``, 2.9+);
+- the recompile limit: the error leaving ``_compile`` when a frame passes it, by type or by
+  torch's message (it differs per release);
+- backward compiles: the ``CompilationMetrics`` entries torch records with
+  ``is_forward=False`` (AOT autograd compiles the backward lazily, at the first
+  ``backward()``), counted with their compile time;
+- graphs and caches: ``torch._dynamo.utils.counters`` (``stats.unique_graphs``, Inductor's FX
+  graph cache, AOT autograd's cache), counted from when the report was armed or the process
+  forked: a forked child reports its own work, not its parent's.
 
-The file holds everything ``rocm_autopatch.report()`` has plus a ``compile`` section and
-the process's identity. It is written atomically (a temporary file, then a rename), never
-raises, never changes the exit status; an unwritable path gives one warning. A child
-process (fork, spawn, a subprocess) writes its own file: where PATH would give it the same
-name as the process that armed the report first, ``.<pid>`` goes before the extension.
+The file holds everything ``rocm_autopatch.report()`` has plus a ``compile`` section and the
+process's identity. A process that compiled nothing writes none. A child process (fork,
+forkserver, spawn, a subprocess) writes its own: where PATH would give it the same name as
+the process that armed the report first, ``.<pid>`` goes before the extension. The file is
+written atomically over a regular file or a new path only (never over a device, a FIFO or a
+symlink), never raises and never changes the exit status; a failure gives one warning and
+leaves no temporary file behind.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
+import logging
 import os
 import re
+import stat
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import log, record
 
 ENV = record.ENV_REPORT
-SCHEMA = 1
+SCHEMA = 2
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
 # "<pid> <path>" of the first process that armed the report, inherited by its children.
 _CLAIM = "_ROCM_AUTOPATCH_REPORT_CLAIM"
 LIMIT_ERRORS = ("RecompileLimitExceeded", "CacheLimitExceeded")
 LIMIT_MESSAGE = re.compile(r"(cache|recompile)[\w ]*limit (reached|exceeded)", re.IGNORECASE)
+TEXT_LIMIT = 2000  # characters kept of a reason torch states
+# torch's graph-break record: "Graph break in user code at FILE:LINE" (also "Graph break
+# (user stack suppressed due to duplicate graph break) in user code at FILE:LINE").
+_BREAK_AT = re.compile(r"[Gg]raph break.*? in user code at (.+?):(\d+)\s*$", re.MULTILINE)
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 _lock = threading.Lock()
 
 
-def _first_line(text: str, limit: int = 300) -> str:
-    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return line[:limit]
+def _lines(text: Any, limit: int = TEXT_LIMIT) -> str:
+    return str(text).strip()[:limit]
 
 
 def _torch_utils() -> Any:
@@ -64,7 +79,7 @@ def _counters() -> Any:
 
 def _metrics() -> Any:
     found = getattr(_torch_utils(), "_compilation_metrics", None)
-    return found if hasattr(found, "__getitem__") and hasattr(found, "__len__") else None
+    return found if hasattr(found, "__iter__") and hasattr(found, "__len__") else None
 
 
 def rank() -> Optional[str]:
@@ -75,14 +90,65 @@ def rank() -> Optional[str]:
     return None
 
 
+# ---- graph breaks, as torch logs them ----------------------------------------------------
+
+def parse_break(message: str) -> Dict[str, Any]:
+    """One record of torch's ``graph_breaks`` log -> where, reason, explanation, hints."""
+    where = _BREAK_AT.search(message)
+    if where:
+        file, line = where.group(1), int(where.group(2))
+    else:  # older wording: the innermost user frame of the stack it prints
+        frames = _FILE_LINE.findall(message)
+        file, line = (frames[-1][0], int(frames[-1][1])) if frames else ("<unknown>", 0)
+    body = message.split("Graph Break Reason:", 1)[1] if "Graph Break Reason:" in message \
+        else message
+    body = body.split("User code traceback:", 1)[0]
+    lines = [raw.strip() for raw in body.splitlines() if raw.strip()]
+    titles = [ln for ln in lines if not ln.startswith(("Explanation:", "Hint:", "Developer",
+                                                       "For more details", "Graph break"))]
+    if len(titles) > 1 and titles[0].startswith("Encountered graph break when attempting"):
+        titles = titles[1:]  # torch's generic prefix; the next line names the break
+    return {
+        "file": file, "line": line,
+        "reason": _lines(titles[0] if titles else "not stated by torch", 300),
+        "explanation": _lines(next((ln[len("Explanation:"):].strip() for ln in lines
+                                    if ln.startswith("Explanation:")), ""), 600),
+        "hints": [_lines(ln[len("Hint:"):].strip(), 400) for ln in lines
+                  if ln.startswith("Hint:")][:4],
+    }
+
+
+class _BreakListener(logging.Handler):
+    """Receives torch's graph-break records (a handler on its artifact loggers)."""
+
+    def __init__(self, collector: Collector) -> None:
+        super().__init__(logging.DEBUG)
+        self.collector = collector
+
+    def emit(self, record_: logging.LogRecord) -> None:
+        try:
+            self.collector.graph_break(record_.getMessage())
+        except Exception:  # noqa: BLE001 - counting must never break tracing
+            pass
+
+
+def _artifact_loggers(suffix: str) -> List[logging.Logger]:
+    """torch's loggers of one artifact (``graph_breaks``: several modules log it)."""
+    internal = sys.modules.get("torch._logging._internal")
+    registry = getattr(internal, "log_registry", None)
+    names = getattr(registry, "get_artifact_log_qnames", lambda: ())()
+    return [logging.getLogger(n) for n in sorted(names) if n.endswith(f".__{suffix}")]
+
+
+# ---- the collector -----------------------------------------------------------------------
+
 class Collector:
-    """Per-process compile statistics, fed by the compile-frame hook."""
+    """Per-process compile statistics, fed by torch's logs and the compile-frame hook."""
 
     def __init__(self, template: str) -> None:
         self.template = template
-        # Frames compiled in this process or before a fork: a forked child's compile of one
-        # of them is a recompile (it starts a fresh record, not a fresh cache).
-        self.seen: set = set()
+        self.listener = _BreakListener(self)
+        self.listening: set = set()
         self.reset()
 
     def reset(self) -> None:
@@ -91,96 +157,170 @@ class Collector:
         self.started = time.time()
         self.written = False
         self.frames: Dict[str, Dict[str, Any]] = {}
-        self.breaks: Dict[Tuple[str, str], int] = {}
+        self.compile_ids: Dict[str, str] = {}  # torch's compile id "0/1" -> frame label
+        self.breaks: Dict[Tuple[str, str], Dict[str, Any]] = {}
         self.recompiles: Dict[Tuple[str, str], int] = {}
         self.limit_hits: Dict[str, int] = {}
         self.failures: Dict[Tuple[str, str], int] = {}
+        self.backward: Dict[str, Dict[str, Any]] = {}
         self.compiles = 0
         self.seconds = 0.0
+        self.baseline = self._counter_values()
+        self._skip_existing_metrics()
 
-    # ---- fed by compile_frame, around each frame compile -------------------------------
-
-    def begin(self) -> Tuple[Optional[Dict[str, int]], Any]:
+    def _counter_values(self) -> Dict[str, int]:
         counters = _counters()
-        metrics = _metrics()
-        breaks = dict(counters["graph_break"]) if counters is not None else None
-        return breaks, (metrics[-1] if metrics else None)
+        if counters is None:
+            return {}
+        return {f"{group}.{key}": int(counters[group][key])
+                for group in ("stats", "inductor", "aot_autograd") if group in counters
+                for key in list(counters[group])}
 
-    def end(self, where: Tuple[str, int, str], token: Tuple[Optional[Dict[str, int]], Any],
-            seconds: float, error: Optional[BaseException]) -> None:
+    def _skip_existing_metrics(self) -> None:
+        metrics = _metrics()
+        self.metrics_kept = list(metrics) if metrics is not None else []
+        self.metrics_seen = {id(m) for m in self.metrics_kept}
+
+    def listen(self) -> None:
+        """Attach to torch's graph-break loggers that exist now (idempotent)."""
+        for logger in _artifact_loggers("graph_breaks"):
+            if logger.name in self.listening:
+                continue
+            self.listening.add(logger.name)
+            if not logger.isEnabledFor(logging.DEBUG):  # TORCH_LOGS does not print them
+                logger.setLevel(logging.DEBUG)
+                logger.propagate = False  # so torch's handlers print nothing new
+            logger.addHandler(self.listener)
+
+    # ---- fed by torch's log and the compile-frame hook ---------------------------------
+
+    def graph_break(self, message: str) -> None:
+        found = parse_break(message)
+        compile_id = _compile_id()
+        key = (f"{found['file']}:{found['line']}", found["reason"])
+        with _lock:
+            slot = self.breaks.setdefault(key, {**found, "count": 0, "compile_ids": []})
+            slot["count"] += 1
+            if compile_id and compile_id not in slot["compile_ids"]:
+                slot["compile_ids"].append(compile_id)
+
+    def begin(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bool, str]:
+        """(torch calls this compile a recompilation, its compile id)."""
+        self.listen()
+        bound = _bind(args, kwargs)
+        compile_id = str(bound.get("compile_id") or "")
+        again = False
+        cache_size = bound.get("cache_size")
+        check = getattr(sys.modules.get("torch._dynamo.cache_size"), "is_recompilation", None)
+        if cache_size is not None and callable(check):
+            try:
+                again = bool(check(cache_size)) and bound.get("frame") is not None
+            except Exception:  # noqa: BLE001
+                again = False
+        return again, compile_id
+
+    def end(self, where: Tuple[str, int, str], token: Tuple[bool, str], seconds: float,
+            error: Optional[BaseException]) -> None:
         try:
             self._end(record.frame_label(*where), token, seconds, error)
         except Exception as exc:  # noqa: BLE001 - counting must never break a compile
             log.warn_once(("compile_report", "count"), f"compile report: counting failed: "
                           f"{exc!r}; the report will be incomplete")
 
-    def _end(self, where: str, token: Tuple[Optional[Dict[str, int]], Any], seconds: float,
+    def _end(self, where: str, token: Tuple[bool, str], seconds: float,
              error: Optional[BaseException]) -> None:
-        breaks_before, newest_before = token
-        counters = _counters()
-        metrics = _metrics()
-        newest = metrics[-1] if metrics else None
-        entry = newest if newest is not None and newest is not newest_before else None
+        again, compile_id = token
+        newest = self._newest_forward_metrics()
         with _lock:
             self.compiles += 1
             self.seconds += seconds
+            if compile_id:
+                self.compile_ids[compile_id] = where
             frame = self.frames.setdefault(where, {"where": where, "compiles": 0,
                                                    "seconds": 0.0, "max_seconds": 0.0})
-            again = where in self.seen or bool(getattr(entry, "recompile_reason", None))
-            self.seen.add(where)
             frame["compiles"] += 1
             frame["seconds"] += seconds
             frame["max_seconds"] = max(frame["max_seconds"], seconds)
-            if breaks_before is not None and counters is not None:
-                for reason, count in counters["graph_break"].items():
-                    new = count - breaks_before.get(reason, 0)
-                    if new > 0:
-                        key = (_first_line(reason), where)
-                        self.breaks[key] = self.breaks.get(key, 0) + new
             if again:
-                reason = getattr(entry, "recompile_reason", None)
-                # A dataclass field with a default is a class attribute: 2.9+ has it.
+                reason = getattr(newest, "recompile_reason", None)
                 known = hasattr(getattr(_torch_utils(), "CompilationMetrics", None),
                                 "recompile_reason")
-                text = (_first_line(reason) if reason else "not stated by torch" if known else
+                text = (_lines(reason) if reason else "not stated by torch" if known else
                         "unknown: this torch does not record recompile reasons")
                 key = (where, text)
                 self.recompiles[key] = self.recompiles.get(key, 0) + 1
             if error is not None:
-                name = type(error).__name__
-                if name in LIMIT_ERRORS or LIMIT_MESSAGE.search(_first_line(error)):
+                if type(error).__name__ in LIMIT_ERRORS or LIMIT_MESSAGE.search(str(error)):
                     self.limit_hits[where] = self.limit_hits.get(where, 0) + 1
                 else:
-                    key = (where, f"{name}: {_first_line(error)}")
+                    key = (where, _failure(error))
                     self.failures[key] = self.failures.get(key, 0) + 1
+
+    def _newest_forward_metrics(self) -> Any:
+        """The metrics entry torch recorded for the compile that just ended (if new), after
+        taking in the backward compiles recorded since the last look."""
+        metrics = _metrics()
+        if metrics is None:
+            return None
+        newest = None
+        for entry in list(metrics):
+            if id(entry) in self.metrics_seen:
+                continue
+            self.metrics_seen.add(id(entry))
+            self.metrics_kept.append(entry)  # kept alive: its id is never reused
+            if getattr(entry, "is_forward", True) is False:
+                self._backward(entry)
+            else:
+                newest = entry
+        return newest
+
+    def _backward(self, entry: Any) -> None:
+        seconds = next((float(v) for v in (getattr(entry, name, None) for name in (
+            "entire_frame_compile_time_s", "backend_compile_time_s",
+            "inductor_compile_time_s")) if v is not None), 0.0)
+        compile_id = str(getattr(entry, "compile_id", "") or "")
+        where = self.compile_ids.get(compile_id, f"compile {compile_id or '?'}")
+        slot = self.backward.setdefault(where, {"where": where, "compiles": 0, "seconds": 0.0})
+        slot["compiles"] += 1
+        slot["seconds"] += seconds
 
     # ---- at exit --------------------------------------------------------------------
 
     def compile_section(self) -> Dict[str, Any]:
-        counters = _counters()
         unknown: Dict[str, str] = {}
+        now = self._counter_values()
 
         def counted(group: str, key: str, needs: str) -> Optional[int]:
-            if counters is None:
+            if _counters() is None:
                 unknown[f"{group}.{key}"] = "torch._dynamo was not imported"
                 return None
             if needs and needs not in sys.modules:
                 unknown[f"{group}.{key}"] = f"{needs} not loaded: not in this torch, or not used"
                 return None
-            return int(counters[group][key]) if group in counters else 0
+            name = f"{group}.{key}"
+            return now.get(name, 0) - self.baseline.get(name, 0)
 
         with _lock:
+            self._newest_forward_metrics()
+            if _metrics() is not None and not hasattr(
+                    getattr(_torch_utils(), "CompilationMetrics", None), "is_forward"):
+                unknown["backward"] = "this torch does not record backward compiles apart"
+            backward_seconds = sum(b["seconds"] for b in self.backward.values())
             frames = sorted(self.frames.values(), key=lambda f: -f["seconds"])
-            breaks = sorted(self.breaks.items(), key=lambda kv: -kv[1])
+            breaks = sorted(self.breaks.values(), key=lambda b: -b["count"])
             recompiles = sorted(self.recompiles.items(), key=lambda kv: -kv[1])
             section = {
                 "frames": self.compiles,
                 "graphs": counted("stats", "unique_graphs", ""),
-                "seconds": round(self.seconds, 3),
+                "seconds": round(self.seconds + backward_seconds, 3),
+                "forward_seconds": round(self.seconds, 3),
+                "backward": {"compiles": sum(b["compiles"] for b in self.backward.values()),
+                             "seconds": round(backward_seconds, 3),
+                             "frames": [{**b, "seconds": round(b["seconds"], 3)}
+                                        for b in self.backward.values()]},
                 "graph_breaks": {
-                    "total": (sum(int(v) for v in counters["graph_break"].values())
-                              if counters is not None else None),
-                    "top": [{"reason": r, "where": w, "count": c} for (r, w), c in breaks[:TOP]],
+                    "total": sum(b["count"] for b in self.breaks.values()),
+                    "top": [{**b, "where": f"{b['file']}:{b['line']}"} for b in breaks[:TOP]],
                 },
                 "recompiles": {
                     "total": sum(self.recompiles.values()),
@@ -210,18 +350,32 @@ class Collector:
             "aot_autograd_miss": counted("aot_autograd", "autograd_cache_miss",
                                          "torch._functorch._aot_autograd.autograd_cache"),
         }
+        if not self.listening:
+            unknown["graph_breaks"] = "torch's graph_breaks log was not found: not counted"
         section["unknown"] = unknown
         return section
 
     def path(self) -> str:
         pid = str(os.getpid())
-        path = os.path.expanduser(self.template.replace("{rank}", rank() or pid)
-                                  .replace("{pid}", pid))
+        path = self.template.replace("{rank}", rank() or pid).replace("{pid}", pid)
         claimer, _, claimed = os.environ.get(_CLAIM, "").partition(" ")
-        if claimer and claimer != pid and claimed == path:  # a child would take its name
+        taken = claimer and claimer != pid and claimed == path  # a child would take its name
+        if taken or self._written_by_another(path):
             stem, ext = os.path.splitext(path)
             path = f"{stem}.{pid}{ext}"
         return path
+
+    def _written_by_another(self, path: str) -> bool:
+        """Another process of this run wrote ``path`` since this one started (a child that
+        imported torch after its fork arms without its parent's claim): not a file left by
+        an earlier run, which is replaced."""
+        try:
+            if os.stat(path).st_mtime < self.started:
+                return False
+            with open(path) as fh:
+                return json.load(fh).get("process", {}).get("pid") != os.getpid()
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def document(self) -> Dict[str, Any]:
         with record.LOCK:
@@ -243,33 +397,113 @@ class Collector:
         if self.written and self.pid == os.getpid():
             return
         self.written = True
+        if self.compiles == 0 and not self.backward:
+            return  # compiled nothing (a launcher, a data worker): no file
         path = "?"
         try:
             path = self.path()
             document = self.document()
-            directory = os.path.dirname(path) or "."
-            os.makedirs(directory, exist_ok=True)
-            temporary = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-            with open(temporary, "w") as fh:
-                json.dump(document, fh, indent=1, default=repr)
-            os.replace(temporary, path)
+            write_atomically(path, json.dumps(document, indent=1, default=repr))
         except Exception as exc:  # noqa: BLE001 - never at exit
             try:
                 log.warn_once(("compile_report", "write"),
                               f"{ENV}={self.template!r}: cannot write the compile report to "
-                              f"{path}: {getattr(exc, 'strerror', None) or exc!r}; nothing "
-                              "written (give a writable path, e.g. /tmp/report-{rank}.json)")
+                              f"{path}: {getattr(exc, 'strerror', None) or exc}; nothing "
+                              "written (give a writable path to a regular file, e.g. "
+                              "/tmp/report-{rank}.json)")
             except Exception:  # noqa: BLE001
                 pass
             return
         try:
             c = document["compile"]
+            verify = document.get("verify") or {}
+            numerics = ""
+            if verify.get("totals"):
+                t = verify["totals"]
+                numerics = (f"; numerics: {t['passed']} passed, "
+                            f"{t['failed'] + t['fell back']} wrong")
             log.summary(f"compile: {c['graphs'] if c['graphs'] is not None else '?'} graphs, "
                         f"{c['graph_breaks']['total']} graph breaks, "
-                        f"{c['recompiles']['total']} recompiles, {c['seconds']:.1f} s compiling; "
-                        f"report: {path} (`rocm-autopatch doctor --report` renders it)")
+                        f"{c['recompiles']['total']} recompiles, {c['seconds']:.1f} s compiling"
+                        f"{numerics}; report: {path} (`rocm-autopatch doctor --report` "
+                        "renders it)")
         except Exception:  # noqa: BLE001
             pass
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a
+    rename, but only where ``path`` is a regular file or does not exist: a device, a FIFO, a
+    directory or a symlink is never replaced. The temporary file never outlives a failure."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        kind = ("a symlink" if stat.S_ISLNK(found.st_mode) else "a directory"
+                if stat.S_ISDIR(found.st_mode) else "a FIFO" if stat.S_ISFIFO(found.st_mode)
+                else "a device" if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode)
+                else "not a regular file")
+        raise OSError(f"it is {kind}; only a regular file or a new path is written")
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    # Short: a legal 250-character name must not make the temporary name too long.
+    temporary = os.path.join(directory, f".rap-{os.getpid()}-{threading.get_ident() % 10**6}"
+                                        ".tmp")
+    try:
+        with open(temporary, "w") as fh:
+            fh.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _failure(error: BaseException) -> str:
+    """A failed compile as torch states it, with its cause (BackendCompilerFailed keeps
+    only "backend=... raised:" in its first line)."""
+    text = f"{type(error).__name__}: {_lines(error, 600)}"
+    cause = getattr(error, "inner_exception", None) or error.__cause__
+    if cause is not None and str(cause).strip() not in text:
+        text += f" (cause: {type(cause).__name__}: {_lines(cause, 400)})"
+    return text
+
+
+_signature: Dict[int, Any] = {}
+
+
+def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``_compile``'s arguments by name (their positions differ per release)."""
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    original = getattr(getattr(convert_frame, "_compile", None), "__wrapped__", None)
+    if original is None:
+        return dict(kwargs)
+    key = id(original)
+    if key not in _signature:
+        try:
+            _signature[key] = inspect.signature(original)
+        except (TypeError, ValueError):
+            _signature[key] = None
+    sig = _signature[key]
+    if sig is None:
+        return dict(kwargs)
+    try:
+        return dict(sig.bind_partial(*args, **kwargs).arguments)
+    except TypeError:
+        return dict(kwargs)
+
+
+def _compile_id() -> str:
+    try:
+        from torch._guards import CompileContext
+
+        found = CompileContext.current_compile_id()
+        return str(found) if found is not None else ""
+    except Exception:  # noqa: BLE001
+        return ""
 
 
 def _after_fork_in_child() -> None:
@@ -277,13 +511,27 @@ def _after_fork_in_child() -> None:
     if collector is None:
         return
     collector.reset()
+    _write_at_multiprocessing_exit(collector)
+
+
+def _write_at_multiprocessing_exit(collector: Collector) -> None:
+    """A multiprocessing child leaves through ``os._exit``: exit handlers never run there,
+    its finalizers do. Its bootstrap clears the finalizers it inherited, then runs the
+    after-fork callbacks: registered as one, the finalizer survives, whether the report
+    was armed before the fork, or while the child imported the main module (forkserver and
+    spawn children do that before their bootstrap). Armed later, in the child's target,
+    the finalizer is registered at once. Nothing runs twice: the file is written once."""
     mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        # A multiprocessing child leaves through os._exit: exit handlers never run there,
-        # its own finalizers do. Registered after the child clears the parent's (Process.
-        # _bootstrap runs the after-fork callbacks after that).
-        mp_util.register_after_fork(collector, lambda c: mp_util.Finalize(
-            None, c.write, exitpriority=0))
+    if mp_util is None:
+        return
+    mp_util.register_after_fork(collector, _finalizer)
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and process.parent_process() is not None:
+        _finalizer(collector)
+
+
+def _finalizer(collector: Collector) -> None:
+    sys.modules["multiprocessing.util"].Finalize(None, collector.write, exitpriority=0)
 
 
 def arm() -> Optional[Collector]:
@@ -294,10 +542,12 @@ def arm() -> Optional[Collector]:
     with _lock:
         if record.COMPILE is not None:
             return record.COMPILE
-        collector = Collector(template)
+        # Resolved now: a program that changes directory (Hydra does) keeps its report here.
+        collector = Collector(os.path.abspath(os.path.expanduser(template)))
         record.COMPILE = collector
     os.environ.setdefault(_CLAIM, f"{os.getpid()} {collector.path()}")
     atexit.register(collector.write)
+    _write_at_multiprocessing_exit(collector)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
     return collector

@@ -1,10 +1,13 @@
 """``rocm-autopatch doctor --report FILE...``: one or many compile reports as one job view.
 
 Reads the JSON files that ``ROCM_AUTOPATCH_REPORT`` wrote (one per process: every rank of a
-torchrun or Slurm job) and shows per-process totals, the graph breaks and recompile reasons
-that recur across processes, the slowest frames, and the red flags: frames that hit the
-recompile limit (torch then stops compiling them and runs them eagerly for good), failed
-start-up hooks. A value a torch release does not count stays unknown ("?"), never zero.
+torchrun or Slurm job) and shows per-process totals, the graph breaks and recompiles that
+recur across processes (torch's reason, explanation and hints, at the user's file:line),
+where ranks diverge (a rank that recompiles alone is a classic cause of hangs in
+collectives), the slowest frames, the numerics sentinel's verdicts and the red flags:
+frames that hit the recompile limit, graphs that compute wrong numbers, failed hooks. A
+value a torch release does not count stays unknown ("?"), never zero. Every readable file
+is shown; an unreadable one is named, and only when none is readable is that an error.
 """
 
 from __future__ import annotations
@@ -15,31 +18,90 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 from rocm_autopatch import compile_report, verify
 from rocm_autopatch.text import Verbatim, keep
 
+SCHEMAS = (1, 2)  # 1: before graph breaks came from torch's log (no hints, no backward)
+
 
 class ReportError(Exception):
     """A file that is not a readable compile report."""
 
 
-def load(paths: Sequence[str]) -> List[Dict[str, Any]]:
-    reports = []
+def _dict(value: Any, what: str) -> Dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ReportError(f"{what} is not an object")
+    return value
+
+
+def _list(value: Any, what: str) -> List[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ReportError(f"{what} is not a list of objects")
+    return value
+
+
+def normalise(data: Any) -> Dict[str, Any]:
+    """A report with every section the view reads present and of the right type."""
+    if not isinstance(data, dict) or "compile" not in data or "process" not in data:
+        raise ReportError(f"not a compile report (written with {compile_report.ENV}=PATH)")
+    schema = data.get("schema")
+    if schema not in SCHEMAS:
+        raise ReportError(f"report schema {schema!r}: this rocm-autopatch reads "
+                          f"{', '.join(map(str, SCHEMAS))}")
+    process = _dict(data["process"], "process")
+    c = _dict(data["compile"], "compile")
+    pid = process.get("pid")
+    out = {**data, "process": {**process, "pid": pid if isinstance(pid, int) else "?"}}
+    sections = {}
+    for key in ("graph_breaks", "recompiles"):
+        part = _dict(c.get(key), f"compile.{key}")
+        sections[key] = {"total": part.get("total"),
+                         "top": _list(part.get("top"), f"compile.{key}.top")}
+    cache = _dict(c.get("cache"), "compile.cache")
+    eager = _dict(c.get("eager_in_capture"), "compile.eager_in_capture")
+    out["compile"] = {
+        **c, **sections, "cache": cache,
+        "frames": c.get("frames"), "graphs": c.get("graphs"),
+        "seconds": c.get("seconds") if isinstance(c.get("seconds"), (int, float)) else None,
+        "backward": _dict(c.get("backward"), "compile.backward"),
+        "recompile_limit_hit": _list(c.get("recompile_limit_hit"),
+                                     "compile.recompile_limit_hit"),
+        "failed": _list(c.get("failed"), "compile.failed"),
+        "slowest_frames": _list(c.get("slowest_frames"), "compile.slowest_frames"),
+        "eager_in_capture": {"total": eager.get("total", 0)},
+        "watchdog_warnings": c.get("watchdog_warnings") or [],
+        "unknown": _dict(c.get("unknown"), "compile.unknown"),
+    }
+    verify_ = _dict(data.get("verify"), "verify")
+    out["verify"] = {**verify_, "graphs": _list(verify_.get("graphs"), "verify.graphs")}
+    out["errors"] = [str(e) for e in (data.get("errors") or [])]
+    return out
+
+
+def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(the readable reports, in rank order; "path: why" for each file that is not one)."""
+    reports, problems = [], []
     for path in paths:
         try:
             with open(path) as fh:
-                data = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise ReportError(f"{path}: not a readable compile report ({exc})") from None
-        if not isinstance(data, dict) or "compile" not in data or "process" not in data:
-            raise ReportError(f"{path}: not a compile report (written with "
-                              f"{compile_report.ENV}=PATH)")
-        data["_file"] = path
-        reports.append(data)
-    return sorted(reports, key=_order)
+                report = normalise(json.load(fh))
+        except (OSError, ValueError, RecursionError) as exc:
+            problems.append(f"{path}: not readable as a compile report "
+                            f"({type(exc).__name__}: {str(exc)[:200]})")
+            continue
+        except ReportError as exc:
+            problems.append(f"{path}: {exc}")
+            continue
+        report["_file"] = path
+        reports.append(report)
+    return sorted(reports, key=_order), problems
 
 
-def _order(report: Dict[str, Any]) -> Tuple[int, str, int]:
+def _order(report: Dict[str, Any]) -> Tuple[int, str, str]:
     rank = report["process"].get("rank")
     number = int(rank) if isinstance(rank, str) and rank.isdigit() else 1 << 30
-    return number, report["process"].get("host", ""), report["process"]["pid"]
+    return number, str(report["process"].get("host", "")), str(report["process"]["pid"])
 
 
 def _who(rank: Any, pid: Any) -> str:
@@ -56,12 +118,36 @@ def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, s
     merged: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for report in reports:
         for entry in report["compile"][section]["top"]:
-            key = (entry[fields[0]], entry[fields[1]])
-            slot = merged.setdefault(key, {fields[0]: key[0], fields[1]: key[1], "count": 0,
-                                           "processes": []})
-            slot["count"] += entry["count"]
+            key = (str(entry.get(fields[0], "?")), str(entry.get(fields[1], "?")))
+            slot = merged.setdefault(key, {**entry, fields[0]: key[0], fields[1]: key[1],
+                                           "count": 0, "processes": []})
+            slot["count"] += entry.get("count", 0) if isinstance(entry.get("count"), int) else 0
             slot["processes"].append(_label(report))
     return sorted(merged.values(), key=lambda e: (-len(e["processes"]), -e["count"]))
+
+
+def diverging(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Recompiles and frames seen in some processes but not all (one process: none)."""
+    if len(reports) < 2:
+        return []
+    everyone = [_label(r) for r in reports]
+    found = []
+    for entry in _recurring(reports, "recompiles", ("where", "reason")):
+        if len(entry["processes"]) < len(everyone):
+            found.append({"what": "recompile", "where": entry["where"],
+                          "reason": entry["reason"], "processes": entry["processes"],
+                          "not_in": [p for p in everyone if p not in entry["processes"]]})
+    compiled: Dict[str, Dict[str, int]] = {}
+    for report in reports:
+        for frame in report["compile"]["slowest_frames"]:
+            where = str(frame.get("where", "?"))
+            compiled.setdefault(where, {})[_label(report)] = frame.get("compiles", 0)
+    for where, counts in sorted(compiled.items()):
+        if len(set(counts.values())) > 1 or len(counts) < len(everyone):
+            found.append({"what": "compiles", "where": where, "reason": ", ".join(
+                f"{who}: {counts.get(who, 0)}" for who in everyone),
+                "processes": sorted(counts), "not_in": []})
+    return found
 
 
 def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -> List[str]:
@@ -70,58 +156,31 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
     flags = []
     for report in reports:
         for hit in report["compile"]["recompile_limit_hit"]:
-            flags.append(f"{_label(report)}: {mark(hit['where'])} "
-                         f"{mark('hit the recompile limit')} x{hit['count']}: torch runs "
-                         "it eagerly from then on (raise "
+            flags.append(f"{_label(report)}: {mark(str(hit.get('where', '?')))} "
+                         f"{mark('hit the recompile limit')} x{hit.get('count', '?')}: torch "
+                         "runs it eagerly from then on (raise "
                          "torch._dynamo.config.recompile_limit, or dynamic=True for "
                          "changing shapes)")
-        for error in report.get("errors", []):
+        for error in report["errors"]:
             flags.append(f"{_label(report)}: rocm-autopatch hook failed: {error}")
-        for graph in (report.get("verify") or {}).get("graphs", []):
+        for graph in report["verify"]["graphs"]:
             if graph.get("status") in (verify.FAILED, verify.FELL_BACK):
-                flags.append(f"{_label(report)}: graph {graph['graph']} of "
-                             f"{mark(graph['where'])} {mark('computes wrong numbers')} when "
-                             f"compiled ({graph['status']}): {graph['reason']}")
+                flags.append(f"{_label(report)}: graph {graph.get('graph', '?')} of "
+                             f"{mark(str(graph.get('where', '?')))} "
+                             f"{mark('computes wrong numbers')} when compiled "
+                             f"({graph['status']}): {graph.get('reason', '')}")
     return flags
-
-
-def job(reports: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The job view as data (``--json``)."""
-    processes = []
-    for report in reports:
-        c = report["compile"]
-        processes.append({
-            "file": report["_file"], "rank": report["process"].get("rank"),
-            "pid": report["process"]["pid"], "host": report["process"].get("host"),
-            "torch": report.get("torch_version"), "profile": report.get("profile"),
-            "active": report.get("active"), "frames": c["frames"], "graphs": c["graphs"],
-            "graph_breaks": c["graph_breaks"]["total"], "recompiles": c["recompiles"]["total"],
-            "seconds": c["seconds"], "eager_in_capture": c["eager_in_capture"]["total"],
-            "watchdog_warnings": len(c["watchdog_warnings"]), "cache": c["cache"],
-            "unknown": c.get("unknown", {}), "verify": _numerics(report),
-        })
-    slowest = sorted(((f, _label(r)) for r in reports for f in r["compile"]["slowest_frames"]),
-                     key=lambda pair: -pair[0]["seconds"])
-    flags = red_flags(reports)
-    return {
-        "processes": processes,
-        "graph_breaks": _recurring(reports, "graph_breaks", ("reason", "where")),
-        "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
-        "slowest_frames": [{**f, "process": who} for f, who in slowest[:compile_report.TOP]],
-        "numerics": _graphs_not_passed(reports),
-        "red_flags": flags,
-        "healthy": not flags,
-    }
 
 
 def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Graphs the numerics sentinel failed or did not compare, merged across processes."""
     merged: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
     for report in reports:
-        for g in (report.get("verify") or {}).get("graphs", []):
+        for g in report["verify"]["graphs"]:
             if g.get("status") == verify.PASSED:
                 continue
-            key = (f"graph {g['graph']} of {g['where']}", g["status"], g.get("reason", ""))
+            key = (f"graph {g.get('graph', '?')} of {g.get('where', '?')}",
+                   str(g.get("status", "?")), str(g.get("reason", "")))
             slot = merged.setdefault(key, {"graph": key[0], "status": key[1],
                                            "reason": key[2], "processes": []})
             slot["processes"].append(_label(report))
@@ -132,14 +191,49 @@ def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 def _numerics(report: Dict[str, Any]) -> Dict[str, Any]:
     """The numerics sentinel's totals for one process (mode "off" when it was not on)."""
-    info = report.get("verify") or {}
-    totals = info.get("totals") or {}
-    return {"mode": info.get("mode", "off"), **{k.replace(" ", "_"): v
+    info = report["verify"]
+    totals = info.get("totals") if isinstance(info.get("totals"), dict) else {}
+    return {"mode": info.get("mode", "off"), **{str(k).replace(" ", "_"): v
                                                 for k, v in totals.items()}}
 
 
-def _n(value: Any) -> str:
-    return "?" if value is None else str(value)
+def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str, Any]:
+    """The job view as data (``--json``)."""
+    processes = []
+    for report in reports:
+        c = report["compile"]
+        processes.append({
+            "file": report["_file"], "rank": report["process"].get("rank"),
+            "pid": report["process"]["pid"], "host": report["process"].get("host"),
+            "torch": report.get("torch_version"), "profile": report.get("profile"),
+            "active": report.get("active"), "frames": c["frames"], "graphs": c["graphs"],
+            "graph_breaks": c["graph_breaks"]["total"], "recompiles": c["recompiles"]["total"],
+            "seconds": c["seconds"], "backward_compiles": c["backward"].get("compiles"),
+            "eager_in_capture": c["eager_in_capture"]["total"],
+            "watchdog_warnings": len(c["watchdog_warnings"]), "cache": c["cache"],
+            "unknown": c["unknown"], "verify": _numerics(report),
+        })
+    slowest = sorted(((f, _label(r)) for r in reports for f in r["compile"]["slowest_frames"]
+                      if isinstance(f.get("seconds"), (int, float))),
+                     key=lambda pair: -pair[0]["seconds"])
+    flags = red_flags(reports)
+    return {
+        "processes": processes,
+        "unreadable": list(problems),
+        "graph_breaks": _recurring(reports, "graph_breaks", ("reason", "where")),
+        "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
+        "diverging": diverging(reports),
+        "slowest_frames": [{**f, "process": who} for f, who in slowest[:compile_report.TOP]],
+        "numerics": _graphs_not_passed(reports),
+        "red_flags": flags,
+        "healthy": not flags,
+    }
+
+
+def _n(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "?"
+    return format(value, spec) if spec and isinstance(value, (int, float)) else str(value)
 
 
 def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
@@ -147,16 +241,17 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
     procs = view["processes"]
     out = [f"rocm-autopatch compile report: {len(procs)} process"
            f"{'es' if len(procs) != 1 else ''}", ""]
+    for problem in view["unreadable"]:
+        out.append(f"! {problem}")
     out.append(f"  {'process':<12}{'graphs':>7}{'breaks':>7}{'recomp.':>8}{'seconds':>9}"
                f"{'eager*':>7}{'fx cache hit/miss':>19}")
     for p in procs:
-        who = _who(p["rank"], p["pid"])
         cache = f"{_n(p['cache'].get('fxgraph_hit'))}/{_n(p['cache'].get('fxgraph_miss'))}"
-        out.append(f"  {who:<12}{_n(p['graphs']):>7}{_n(p['graph_breaks']):>7}"
-                   f"{p['recompiles']:>8}{p['seconds']:>9.1f}{p['eager_in_capture']:>7}"
-                   f"{cache:>19}")
-    out.append("  (* calls run eagerly because a CUDA/HIP graph was being captured; "
-               "? = not counted by this torch)")
+        out.append(f"  {_who(p['rank'], p['pid']):<12}{_n(p['graphs']):>7}"
+                   f"{_n(p['graph_breaks']):>7}{_n(p['recompiles']):>8}"
+                   f"{_n(p['seconds'], '.1f'):>9}{_n(p['eager_in_capture']):>7}{cache:>19}")
+    out.append("  (seconds: forward and backward compiles; * calls run eagerly because a "
+               "CUDA/HIP graph was being captured; ? = not counted by this torch)")
     checked = [p for p in procs if p["verify"]["mode"] != "off"]
     if checked:
         out += ["", "Numerics (ROCM_AUTOPATCH_VERIFY: compiled graphs compared with eager)"]
@@ -170,19 +265,41 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
             out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
                        f"{e['reason']}")
             out.append(Verbatim(f"      {e['graph']}"))
-    for title, key, first in (("Graph breaks", "graph_breaks", "reason"),
-                              ("Recompiles", "recompiles", "reason")):
-        out += ["", f"{title} (most processes first)"]
-        entries = view[key]
-        if not entries:
-            out.append("  none")
-        for e in entries[:compile_report.TOP]:
-            out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}: {e[first]}")
-            out.append(Verbatim(f"      at {e['where']}"))
+    out += ["", "Graph breaks (most processes first; as torch logs them)"]
+    for e in view["graph_breaks"][:compile_report.TOP]:
+        out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}: {e['reason']}")
+        out.append(Verbatim(f"      at {e['where']}"))
+        if e.get("explanation"):
+            out.append(f"      {e['explanation']}")
+        for hint in (e.get("hints") or [])[:2]:
+            out.append(f"      hint: {hint}")
+    if not view["graph_breaks"]:
+        out.append("  none")
+    out += ["", "Recompiles (most processes first; the guards torch says failed)"]
+    for e in view["recompiles"][:compile_report.TOP]:
+        out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}:")
+        out.append(Verbatim(f"      {e['where']}"))
+        out += [f"      {line.strip()}" for line in str(e["reason"]).splitlines()[:6]]
+    if not view["recompiles"]:
+        out.append("  none")
+    if len(procs) > 1:
+        out += ["", "Where ranks diverge (a rank that recompiles alone can hang collectives)"]
+        for d in view["diverging"][:compile_report.TOP]:
+            if d["what"] == "recompile":
+                out.append(f"  recompiled in {', '.join(d['processes'])} only "
+                           f"(not {', '.join(d['not_in'])}):")
+                out.append(Verbatim(f"      {d['where']}"))
+                out.append(f"      {str(d['reason']).splitlines()[0]}")
+            else:
+                out.append(f"  compiled a different number of times ({d['reason']}):")
+                out.append(Verbatim(f"      {d['where']}"))
+        if not view["diverging"]:
+            out.append("  none: every process compiled the same frames the same number of "
+                       "times")
     out += ["", "Slowest frames (seconds compiling, compiles)"]
-    for f in view["slowest_frames"] or []:
-        out.append(Verbatim(f"  {f['seconds']:>8.2f} s x{f['compiles']} [{f['process']}] "
-                            f"{f['where']}"))
+    for f in view["slowest_frames"]:
+        out.append(Verbatim(f"  {f['seconds']:>8.2f} s x{f.get('compiles', '?')} "
+                            f"[{f['process']}] {f.get('where', '?')}"))
     if not view["slowest_frames"]:
         out.append("  none")
     flags = red_flags(reports, mark=keep)
