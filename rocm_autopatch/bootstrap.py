@@ -75,12 +75,24 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
     """The trigger saw ``import torch`` (or torch was already imported): activate, then let
     the trigger answer every later import with the post-import finder directly.
 
-    Returns the finder's answer for the import that woke it; None where that module is
-    already imported (nothing to hook: ``fire_already_imported`` ran its callbacks).
+    Returns the spec for the import that woke it: torch's own, untouched, where torch will
+    call us back at the end of its import (its backend autoload); otherwise one whose loader
+    runs our hooks after torch's code. None where the module is already imported: its
+    hooks fire now (torch's autoload calls us from inside ``import torch``).
     """
     try:
         found = activate()
         trigger.find_spec = found.find_spec if found is not None else _inert
+        if found is None:
+            return None
+        if name in sys.modules:
+            found.fire_deferred(force=True)
+            return None
+        spec = found.real_spec(name, path, target)
+        if name == "torch" and calls_back(spec):
+            found.defer(name)
+            return spec
+        return found.watch(name, spec) if name in found.hooks else spec
     except Exception as exc:  # noqa: BLE001 - never break the user's import
         trigger.find_spec = _inert
         try:
@@ -88,7 +100,23 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
         except Exception:  # noqa: BLE001
             pass
         return None
-    return None if name in sys.modules else trigger.find_spec(name, path, target)
+
+
+def calls_back(spec: "Any") -> bool:
+    """Will this torch call our ``torch.backends`` entry point at the end of its import?
+    Torch 2.5+ does unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is not "1"; read from its
+    ``__init__.py`` (which defines ``_is_device_backend_autoload_enabled``) without
+    importing it, so that a build or a stand-in without the autoload keeps the loader hook."""
+    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+        return False
+    origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith("__init__.py"):
+        return False
+    try:
+        with open(origin, encoding="utf-8", errors="replace") as fh:
+            return "def _is_device_backend_autoload_enabled(" in fh.read()
+    except OSError:
+        return False
 
 
 def activation() -> "dict":

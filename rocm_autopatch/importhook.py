@@ -86,14 +86,20 @@ class _HookedLoader:
 
 class PostImportFinder:
     """Watches the modules in ``hooks``. One per process (``bootstrap.activate``), reached
-    through the start-up trigger that sits in ``sys.meta_path``."""
+    through the start-up trigger that sits in ``sys.meta_path``.
+
+    A module can be *deferred* instead of watched: its loader is left alone (its import
+    runs with no frame of ours; a failing import looks as it does without us) and its
+    hooks fire when something says it is loaded (``fire_deferred(force=True)``: torch's
+    backend autoload calls us at the end of ``import torch``), or at the first import
+    request after it has finished importing."""
 
     def __init__(self, hooks: "Dict[str, Sequence[str]]") -> None:
         self.hooks = dict(hooks)
+        self.deferred: "Dict[str, Sequence[str]]" = {}  # noqa: UP037 - typing not imported
 
-    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
-        if fullname not in self.hooks:
-            return None
+    def real_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        """The spec the finders behind us give ``fullname``; None where there is none."""
         busy = getattr(_state, "busy", None)
         if busy is None:
             busy = _state.busy = set()
@@ -101,20 +107,47 @@ class PostImportFinder:
             return None
         busy.add(fullname)
         try:
-            spec = None
             for finder in list(sys.meta_path):
                 # We answer through the start-up trigger, not from sys.meta_path: skip it.
                 if getattr(finder, "rocm_autopatch", False) or not hasattr(finder, "find_spec"):
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:
-                    break
+                    return spec
         finally:
             busy.discard(fullname)
+        return None
+
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if self.deferred:
+            self.fire_deferred()
+        if fullname not in self.hooks:
+            return None
+        return self.watch(fullname, self.real_spec(fullname, path, target))
+
+    def watch(self, fullname: str, spec: "Any") -> "Any":
+        """``spec`` with its loader wrapped so that ``fullname``'s hooks fire after it runs."""
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _HookedLoader(spec.loader, self, fullname)
         return spec
+
+    def defer(self, fullname: str) -> None:
+        targets = self.hooks.pop(fullname, None)
+        if targets is not None:
+            self.deferred[fullname] = targets
+
+    def fire_deferred(self, force: bool = False) -> None:
+        """Fire the hooks of deferred modules that are in ``sys.modules`` and have finished
+        importing (or are importing, with ``force``: the module itself called us)."""
+        for name in list(self.deferred):
+            module = sys.modules.get(name)
+            spec = getattr(module, "__spec__", None)
+            if module is None or (not force and getattr(spec, "_initializing", False)):
+                continue
+            targets = self.deferred.pop(name, None)
+            if targets is not None:
+                fire(name, module, targets)
 
     def module_loaded(self, name: str, module: "ModuleType") -> None:
         fire(name, module, self.hooks.get(name, ()))
@@ -134,3 +167,4 @@ def deactivate(finder: "Optional[PostImportFinder]") -> None:
     """
     if finder is not None:
         finder.hooks = {}
+        finder.deferred = {}

@@ -197,3 +197,45 @@ def test_double_install_user_site_and_venv_applies_once(
                           text=True, cwd=str(tmp_path),
                           env=clean_env(**user_env, ROCM_AUTOPATCH="force")).stdout
     assert "! installed 2 times" in text
+
+
+def test_import_torch_runs_with_torchs_own_loader(torch_venv: Venv) -> None:
+    """Where torch calls us back (its backend autoload), its import is not wrapped: what
+    ``find_spec`` says and what ``import torch`` runs are torch's own, and the package
+    still activates, through the entry point, before any program code sees torch."""
+    code = ("import importlib.util, json, sys\n"
+            "loader = importlib.util.find_spec('torch').loader\n"
+            "import torch, rocm_autopatch\n"
+            "r = rocm_autopatch.report()\n"
+            "print(json.dumps({'loader': type(loader).__module__ + '.' + type(loader).__name__,"
+            " 'module_loader': type(torch.__loader__).__name__, 'active': r.active,"
+            " 'reached': r.activation['reached'],"
+            " 'guarded': torch.compile.__module__ == 'rocm_autopatch.compile_guard'"
+            " or hasattr(torch.compile, '__rocm_autopatch_guard__')}))\n")
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+    assert out["loader"].endswith(".SourceFileLoader") and "rocm" not in out["loader"]
+    assert out["module_loader"] == "SourceFileLoader"
+    assert out["active"] and out["guarded"]
+    assert out["reached"] == [".pth", ENTRY]
+
+
+def test_a_failing_import_torch_looks_as_it_does_without_the_package(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """A STAND-IN for a torch whose import fails (a missing ROCm library): it has torch's
+    autoload switch, then raises. The traceback is the one Python prints without us."""
+    fake = tmp_path / "broken" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "def _is_device_backend_autoload_enabled():\n    return True\n\n"
+        "raise OSError('libamdhip64.so: cannot open shared object file: No such file or "
+        "directory')\n")
+    runs = {}
+    for mode in ("auto", "force", "0"):
+        proc = subprocess.run([torch_venv.python, "-c", "import torch"], capture_output=True,
+                              text=True, cwd=str(tmp_path), timeout=120,
+                              env=clean_env(ROCM_AUTOPATCH=mode,
+                                            PYTHONPATH=str(fake.parent)))
+        assert proc.returncode == 1 and "libamdhip64.so" in proc.stderr
+        runs[mode] = proc.stderr
+    assert runs["auto"] == runs["force"] == runs["0"]
+    assert "rocm_autopatch" not in runs["auto"]
