@@ -52,6 +52,18 @@ if os.environ.get({ENV_MODE!r}, "").strip().lower() not in {OFF_VALUES!r} and no
 """
 
 
+def say(text: str) -> None:
+    """Write to stderr and never raise: a closed pipe or descriptor must neither change the
+    program's exit status nor switch rocm-autopatch off (every message of ours goes here)."""
+    try:
+        stream = sys.stderr
+        if stream is not None:
+            stream.write(text)
+            stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
 def pth_line() -> str:
     """The content of ``rocm_autopatch.pth``: one line, which site runs as it starts."""
     return f"import os; exec({TRIGGER!r}, {{}})\n"

@@ -42,7 +42,7 @@ def parse_mode(raw: str) -> str:
     if value in FORCE_VALUES:
         return "force"
     if value not in AUTO_VALUES:
-        sys.stderr.write(
+        _rocm_autopatch_start.say(
             f"rocm-autopatch: warning: {ENV_MODE}={raw!r} is not understood; accepted: "
             "0/off/false/no (disable), 1/on/auto (ROCm builds only, the default), "
             "force (any torch build). Using auto.\n"
@@ -95,10 +95,8 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
         return found.watch(name, spec) if name in found.hooks else spec
     except Exception as exc:  # noqa: BLE001 - never break the user's import
         trigger.find_spec = _inert
-        try:
-            sys.stderr.write(f"rocm-autopatch: warning: start-up failed, inactive: {exc!r}\n")
-        except Exception:  # noqa: BLE001
-            pass
+        _rocm_autopatch_start.say(f"rocm-autopatch: warning: start-up failed, inactive: "
+                                  f"{exc!r}\n")
         return None
 
 

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from _rocm_autopatch_start import say
 from rocm_autopatch import profiles
 from rocm_autopatch.text import Verbatim, fit
 
@@ -183,10 +184,9 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
 
     reports, problems = report_view.load(paths)
     for problem in problems:
-        sys.stderr.write(f"rocm-autopatch doctor: {problem}\n")
+        say(f"rocm-autopatch doctor: {problem}\n")
     if not reports:
-        sys.stderr.write("rocm-autopatch doctor: no readable compile report among "
-                         f"{len(paths)} file(s)\n")
+        say(f"rocm-autopatch doctor: no readable compile report among {len(paths)} file(s)\n")
         return 2
     view = report_view.job(reports, problems)
     sys.stdout.write(json.dumps(view, indent=2) + "\n" if as_json else
@@ -231,7 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             launcher.main(target, args.profile)
         except launcher.UsageError as exc:
-            sys.stderr.write(f"rocm-autopatch run: {exc}\n")
+            say(f"rocm-autopatch run: {exc}\n")
             return 2
     if args.command == "selftest":
         from rocm_autopatch import selftest as selftest_module

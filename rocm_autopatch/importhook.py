@@ -34,12 +34,10 @@ def _report_failure(name: str, target: str, exc: BaseException) -> None:
 
         record.hook_failed(name, target, exc)
     except Exception:  # noqa: BLE001 - the recorder itself failed; say so and go on
-        try:
-            sys.stderr.write(
-                f"rocm-autopatch: warning: hook {target} for {name} failed: {exc!r}\n"
-            )
-        except Exception:  # noqa: BLE001
-            pass
+        import _rocm_autopatch_start
+
+        _rocm_autopatch_start.say(f"rocm-autopatch: warning: hook {target} for {name} "
+                                  f"failed: {exc!r}\n")
 
 
 # Seconds spent in each callback, our modules' imports included (doctor, benchmarks).

@@ -131,7 +131,9 @@ def main(argv: Sequence[str], profile: Optional[str]) -> NoReturn:
     try:
         os.execvpe(new[0], new, env)
     except OSError as exc:
-        sys.stderr.write(f"rocm-autopatch run: cannot run {new[0]!r}: {exc.strerror}\n")
+        from _rocm_autopatch_start import say
+
+        say(f"rocm-autopatch run: cannot run {new[0]!r}: {exc.strerror}\n")
         sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 

@@ -23,6 +23,14 @@ LEVELS = {
 }
 
 logger = logging.getLogger("rocm_autopatch")
+
+
+class _Stderr(logging.StreamHandler):
+    """Our messages on stderr. Where stderr is gone (a closed pipe), logging would print
+    "--- Logging error ---" and a traceback there: we say nothing more instead."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        return
 _said: Set[Hashable] = set()
 _lock = threading.Lock()
 _configured = False
@@ -38,7 +46,7 @@ def _configure() -> None:
     if logger.level == logging.NOTSET:
         logger.setLevel(level if level is not None else logging.WARNING)
     if not any(getattr(h, "_rocm_autopatch", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr(sys.stderr)
         handler.setFormatter(logging.Formatter("rocm-autopatch: %(levelname)s: %(message)s"))
         handler._rocm_autopatch = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

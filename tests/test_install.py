@@ -313,3 +313,34 @@ print(json.dumps({"received": torch.RECEIVED, "platform": r.platform, "active": 
     assert out["received"] == [{"mode": "default"}]
     assert out["platform"] == "rocm" and out["active"] is True
     assert out["py"] == [int(p) for p in version.split(".")]
+
+
+def test_a_closed_stderr_changes_no_exit_status_and_switches_nothing_off(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """stderr a pipe whose reader is gone: our warnings must not change the exit status,
+    crash the doctor, or turn a warning at start-up into "inactive"."""
+    code = ("import json, torch, rocm_autopatch; torch.compile(lambda x: x + 1)(torch.ones(2)); "
+            "r = rocm_autopatch.report(); print(json.dumps({'mode': r.mode, 'active': r.active,"
+            " 'errors': r.errors, 'guarded': hasattr(torch.compile, '__rocm_autopatch_guard__')}))")
+    doctor = [str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor", "--report",
+              str(tmp_path / "missing.json")]
+    cases = [([torch_venv.python, "-c", code], {"ROCM_AUTOPATCH": "bogus"}),
+             ([torch_venv.python, "-c", code], {"ROCM_AUTOPATCH": "force",
+                                                "ROCM_AUTOPATCH_PROFILE": "bogus",
+                                                "TORCHINDUCTOR_MAX_AUTOTUNE": "1",
+                                                "ROCM_AUTOPATCH_REPORT": "/dev/null/r.json"}),
+             (doctor, {})]
+    for cmd, env in cases:
+        seen = []
+        for closed in (False, True):
+            read, write = os.pipe()
+            if closed:
+                os.close(read)
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=write, text=True,
+                                  env=clean_env(**env), cwd=str(tmp_path), timeout=300)
+            os.close(write)
+            if not closed:
+                os.close(read)
+            seen.append((proc.returncode, proc.stdout))
+        assert seen[0] == seen[1], (cmd[-1], env, seen)
+    assert seen[0][0] == 2  # the doctor: no readable report, closed stderr or not
