@@ -100,7 +100,8 @@ def test_json_schema(torch_venv: Venv) -> None:
         assert entry["why"] and entry["ref"]  # every rule says why, with its evidence
         assert "seed" not in entry["why"] + entry["ref"] and "FINDINGS" not in entry["ref"]
     assert set(report["fixes"]) == {"compile_guard", "compile_watchdog", "capture_policy",
-                                    "capture_rng", "capture_error"}
+                                    "capture_rng", "capture_error", "numerics_sentinel"}
+    assert report["fixes"]["numerics_sentinel"]["status"] == "off"
     assert all(fix.get("ref") for name, fix in report["fixes"].items()
                if name != "compile_watchdog")
     assert data["gpus"] == [] and data["healthy"] is True

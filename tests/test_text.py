@@ -8,8 +8,9 @@ from rocm_autopatch.text import Verbatim, fit, keep
 
 
 def _report(where: str) -> dict:
-    return {"process": {"pid": 7, "rank": "0"}, "errors": [],
-            "compile": {"recompile_limit_hit": [{"where": where, "count": 2}]}}
+    return report_view.normalise({"schema": 2, "process": {"pid": 7, "rank": "0"},
+                                  "compile": {"recompile_limit_hit": [{"where": where,
+                                                                       "count": 2}]}})
 
 
 def test_red_flag_keeps_its_phrase_and_path_whole_at_every_depth() -> None:
