@@ -160,6 +160,8 @@ def _run_script(path: str, main: types.ModuleType) -> None:
     import runpy
 
     if os.path.isdir(path) or not path.endswith((".py", ".pyw")) and _is_zip(path):
+        if not _has_main(path):
+            _exit_as_python(f"can't find '__main__' module in {os.path.abspath(path)!r}", 1)
         _set_path0(path)  # a directory or zip with __main__.py, as the interpreter does
         runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
         return
@@ -167,12 +169,34 @@ def _run_script(path: str, main: types.ModuleType) -> None:
 
     _set_path0(os.path.dirname(os.path.realpath(path)))
     filename = os.path.abspath(path)
-    with open(filename, "rb") as f:
-        source = f.read()
+    try:
+        with open(filename, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        _exit_as_python(f"can't open file {filename!r}: [Errno {exc.errno}] {exc.strerror}", 2)
     code = compile(source, filename, "exec", dont_inherit=True)
     main.__dict__.update(__file__=filename, __cached__=None,
                          __loader__=SourceFileLoader("__main__", filename))
     exec(code, main.__dict__)
+
+
+def _exit_as_python(message: str, status: int) -> None:
+    """What the interpreter itself says and does when it cannot run its script."""
+    from _rocm_autopatch_start import say
+
+    program = (getattr(sys, "orig_argv", None) or [sys.executable])[0]
+    say(f"{program}: {message}\n")
+    raise SystemExit(status)
+
+
+def _has_main(path: str) -> bool:
+    if os.path.isdir(path):
+        return any(os.path.exists(os.path.join(path, f"__main__{ext}"))
+                   for ext in (".py", ".pyc"))
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return any(n in archive.namelist() for n in ("__main__.py", "__main__.pyc"))
 
 
 def _is_zip(path: str) -> bool:

@@ -142,3 +142,13 @@ def test_a_command_that_is_not_python_runs_unchanged(torch_venv: Venv, tmp_path:
                               "no-such-program-xyz"], capture_output=True, text=True,
                              env=clean_env())
     assert missing.returncode == 127 and "cannot run" in missing.stderr
+
+
+@pytest.mark.parametrize("target", ["no/such.py", "pkg"], ids=["missing-script",
+                                                              "directory-without-main"])
+def test_a_target_python_cannot_run_fails_as_python_does(torch_venv: Venv, project: Path,
+                                                          target: str) -> None:
+    direct = run(torch_venv, [target], launcher=False, cwd=project)
+    launched = run(torch_venv, [target], launcher=True, cwd=project)
+    assert direct.returncode in (1, 2) and "Traceback" not in direct.stderr
+    assert (launched.returncode, launched.stderr) == (direct.returncode, direct.stderr)
