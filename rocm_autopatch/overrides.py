@@ -9,6 +9,7 @@ the running torch, never evaluated. Bad names and values warn once and are ignor
 from __future__ import annotations
 
 import os
+import types
 import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -61,12 +62,17 @@ def key_type(module: ModuleType, key: str) -> Any:
     return type(getattr(module, key))  # older torch: _config maps key -> value
 
 
+# ``int | None`` (PEP 604, how torch >= 2.10 writes its config types) is a types.UnionType,
+# not a typing.Union: both are unions here (types.UnionType exists from Python 3.10).
+_UNIONS = tuple(u for u in (typing.Union, getattr(types, "UnionType", None)) if u is not None)
+
+
 def describe(kind: Any) -> str:
     args = typing.get_args(kind)
     origin = typing.get_origin(kind)
     if origin is typing.Literal:
         return "one of " + ", ".join(repr(a) for a in args)
-    if origin is typing.Union and type(None) in args:
+    if origin in _UNIONS and type(None) in args:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(describe(a) for a in inner) + " or none"
     if kind is bool:
@@ -91,7 +97,7 @@ def parse(raw: str, kind: Any) -> Any:
                                                low in (TRUE_WORDS if allowed else FALSE_WORDS)):
                 return allowed
         raise ValueError(describe(kind))
-    if origin is typing.Union:
+    if origin in _UNIONS:
         args = typing.get_args(kind)
         if type(None) in args and low in NONE_WORDS:
             return None

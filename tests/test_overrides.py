@@ -80,3 +80,37 @@ def test_kfd_topology_read_without_hip(tmp_path) -> None:
     assert probe.gpu_archs(str(tmp_path)) == [
         {"node": "1", "arch": "gfx942", "gpu": "MI300X/MI300A/MI325X"}]
     assert probe.gpu_archs(str(tmp_path / "absent")) == []
+
+
+def test_every_key_typed_with_a_union_accepts_none_and_its_members() -> None:
+    """torch writes ``int | None`` (types.UnionType) for 90-odd keys: each takes "none"
+    and a value of its plain member type (where that type can be written as text)."""
+    import types
+    import typing
+
+    unions = 0
+    for key in overrides.config_keys(torch_config):
+        kind = overrides.key_type(torch_config, key)
+        if typing.get_origin(kind) not in (typing.Union, getattr(types, "UnionType", None)):
+            continue
+        unions += 1
+        args = typing.get_args(kind)
+        if type(None) in args:
+            assert overrides.parse("none", kind) is None, key
+        if int in args:
+            assert overrides.parse("3", kind) == 3, key
+        if str in args:
+            assert overrides.parse("text", kind) == "text", key
+    assert unions > 50  # torch 2.13 has 93
+    assert overrides.parse("1", overrides.key_type(torch_config, "compile_threads")) == 1
+
+
+def test_inductor_compile_threads_override_reaches_torch(torch_venv) -> None:
+    """An ``int | None`` key set from the environment, through the installed wheel."""
+    code = ("import json, torch._inductor.config as ic, rocm_autopatch\n"
+            "e = rocm_autopatch.report().config_entry('inductor.compile_threads')\n"
+            "print(json.dumps({'value': ic.compile_threads, 'source': e.source,"
+            " 'status': e.status, 'warnings': rocm_autopatch.report().warnings}))")
+    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force", "INDUCTOR_COMPILE_THREADS": "1"})
+    assert out["value"] == 1 and out["source"] == "override"
+    assert out["status"] in ("applied", "unchanged") and out["warnings"] == []
