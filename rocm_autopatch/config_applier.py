@@ -174,38 +174,15 @@ def apply(module: ModuleType, namespace: str, profile: str,
 
     applied_keys: List[Tuple[str, str]] = []
     for key, (setting, name, value, source) in wanted.items():
-        before = read(module, name)
-        noop = profiles.NOOP_KEYS.get(key) or (
-            "deprecated in this torch" if getattr(entry(module, name), "deprecated", False)
-            else "")
-        if noop:
-            changes.append(ConfigChange(key, before, before, source, SKIPPED,
-                                        f"no-op: {noop}", wanted=value, torch_key=name))
-            continue
-        value = _bound(setting, before) if source == "profile" else value
-        if source == "profile":
-            _hostile_env(setting, value, before, profile, warn)
         try:
-            if before != value:
-                set_value(module, name, value)
+            change = _apply_one(module, key, setting, name, value, source, profile,
+                                not_here.get(key, ""), prefix, warn)
         except Exception as exc:  # noqa: BLE001 - one key failing must not stop the rest
-            changes.append(ConfigChange(key, before, read(module, name), source, FAILED,
-                                        f"setting it raised {exc!r}", wanted=value,
-                                        torch_key=name))
-            continue
-        after = read(module, name)
-        status = UNCHANGED if before == value else APPLIED
-        reason = "" if status == APPLIED else "torch already had this value"
-        if after != value:
-            status, reason = FAILED, _why_not(module, name)
-        if key in not_here:
-            reason = (reason + "; " if reason else "") + not_here[key]
-        why, ref = (setting.reason, setting.ref) if source == "profile" else (
-            f"set by {setting.reason} in the environment", "")
-        changes.append(ConfigChange(key, before, after, source, status, reason,
-                                    wanted=value, torch_key=name if name != key[len(prefix):]
-                                    else "", why=why, ref=ref))
-        applied_keys.append((key, name))
+            change = ConfigChange(key, None, None, source, FAILED,
+                                  f"applying it raised {exc!r}", wanted=value, torch_key=name)
+        changes.append(change)
+        if change.status in (APPLIED, UNCHANGED):
+            applied_keys.append((key, name))
 
     # A value that only this thread sees is not applied (torch >= 2.12 is per-thread).
     elsewhere = _read_in_new_thread(module, [name for _, name in applied_keys])
@@ -219,6 +196,38 @@ def apply(module: ModuleType, namespace: str, profile: str,
     for change in changes:
         record.REPORT.set_config(change)
     return changes
+
+
+def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: str, value: Any,
+               source: str, profile: str, not_here: str, prefix: str, warn: Warn
+               ) -> ConfigChange:
+    """Write one key and read it back: its change record."""
+    before = read(module, name)
+    noop = profiles.NOOP_KEYS.get(key) or (
+        "deprecated in this torch" if getattr(entry(module, name), "deprecated", False) else "")
+    if noop:
+        return ConfigChange(key, before, before, source, SKIPPED, f"no-op: {noop}",
+                            wanted=value, torch_key=name)
+    value = _bound(setting, before) if source == "profile" else value
+    if source == "profile":
+        _hostile_env(setting, value, before, profile, warn)
+    try:
+        if before != value:
+            set_value(module, name, value)
+    except Exception as exc:  # noqa: BLE001 - reported as this key's failure
+        return ConfigChange(key, before, read(module, name), source, FAILED,
+                            f"setting it raised {exc!r}", wanted=value, torch_key=name)
+    after = read(module, name)
+    status = UNCHANGED if before == value else APPLIED
+    reason = "" if status == APPLIED else "torch already had this value"
+    if after != value:
+        status, reason = FAILED, _why_not(module, name)
+    if not_here:
+        reason = (reason + "; " if reason else "") + not_here
+    why, ref = (setting.reason, setting.ref) if source == "profile" else (
+        f"set by {setting.reason} in the environment", "")
+    return ConfigChange(key, before, after, source, status, reason, wanted=value,
+                        torch_key=name if name != key[len(prefix):] else "", why=why, ref=ref)
 
 
 def _why_not(module: ModuleType, key: str) -> str:

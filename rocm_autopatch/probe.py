@@ -122,7 +122,7 @@ def cgroup_cpu_limit(root: Optional[str] = None) -> Optional[float]:
                 if int(text) < 0:
                     return None
                 return int(text) / int(_read(period_file or "") or "100000")
-            except (ValueError, ZeroDivisionError):
+            except (ValueError, ArithmeticError):  # absurd quotas: 0 periods, 400 digits
                 return None
     return None
 

@@ -216,6 +216,8 @@ print(json.dumps({"value": ic.compile_threads, "entry": c.to_dict()}))
     ({"cpu.max": "max 100000"}, None),                                  # v2, no quota
     ({"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 1),  # v1, 0.5
     ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),  # v1, none
+    ({"cpu.max": "9" * 400 + " 100000"}, None),  # absurd: no usable quota, nothing raised
+    ({"cpu.max": "1 0"}, None),                   # a zero period
 ])
 def test_compile_threads_capped_by_the_cgroup_quota(torch_venv: Venv, tmp_path, files,
                                                     expected) -> None:
@@ -231,6 +233,15 @@ def test_compile_threads_capped_by_the_cgroup_quota(torch_venv: Venv, tmp_path, 
     assert out["entry"]["status"] == ("applied" if out["value"] < torch_default else
                                       "unchanged")
     assert "PR 191493" in out["entry"]["ref"]
+
+
+def test_an_absurd_quota_stops_no_other_key(torch_venv: Venv, tmp_path) -> None:
+    (tmp_path / "cpu.max").write_text("9" * 400 + " 100000\n")
+    out = torch_venv.json(READ_ALL, env={"ROCM_AUTOPATCH": "force",
+                                         "ROCM_AUTOPATCH_CGROUP_ROOT": str(tmp_path)})
+    statuses = {c["key"]: c["status"] for c in out["report"]["config"]}
+    assert set(statuses) == set(_expected("safe")) and out["report"]["errors"] == []
+    assert all(s in ("applied", "unchanged") for s in statuses.values()), statuses
 
 
 def test_compile_threads_set_by_the_user_is_kept(torch_venv: Venv, tmp_path) -> None:
