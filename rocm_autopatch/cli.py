@@ -50,8 +50,11 @@ def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
             done = (report.get("active") and entry is not None
                     and entry["status"] in ("applied", "unchanged")
                     and entry["source"] != "override")
-            row["flag"] = "neutralised" if done else "red"
+            kept = (report.get("active") and entry is not None and entry["status"] == "skipped"
+                    and entry["source"] == "environment")
+            row["flag"] = "neutralised" if done else "kept" if kept else "red"
             row["note"] = why + ("; overridden by rocm-autopatch" if done else
+                                 f"; kept as you asked: {entry['reason']}" if kept else
                                  f"; fix: unset {var} or let rocm-autopatch run")
         rows.append(row)
     return rows
@@ -105,7 +108,7 @@ def _numerics_sentinel(record: Any) -> None:
 def _human(data: Dict[str, Any]) -> str:
     r = data["report"]
     inst = data["install"]
-    out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(inst)
+    out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(inst, r)
     out += ["", "Platform",
             f"  python {data['python']}; torch {r.get('torch_version') or 'not importable'}"
             f" ({r.get('platform')}{', HIP ' + r['hip_version'] if r.get('hip_version') else ''})"]
@@ -116,13 +119,15 @@ def _human(data: Dict[str, Any]) -> str:
     out.append(f"  {r['reason']}")
     out += ["", "Environment"]
     for row in data["environment"]:
-        mark = {"ok": "  ", "neutralised": "~ ", "red": "! "}[row["flag"]]
+        mark = {"ok": "  ", "neutralised": "~ ", "kept": "= ", "red": "! "}[row["flag"]]
         out.append(f"  {mark}{row['name']}={row['value'][:40]}")
         if row["note"]:
             out.append(f"      {row['note']}")
     if not data["environment"]:
         out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL variables set)")
     out += ["", "Configuration (key: before -> after, source, status)"]
+    if not r["active"]:
+        out.append("  nothing applied: torch's own configuration is in use")
     for c in r["config"]:
         line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
         out.append(line)
@@ -132,6 +137,8 @@ def _human(data: Dict[str, Any]) -> str:
         if c["status"] == "applied" and c.get("why"):
             out.append(f"      why: {c['why']}" + (f" [{c['ref']}]" if c.get("ref") else ""))
     out += ["", "torch.compile rewrites and fixes"]
+    if not r["active"]:
+        out.append("  nothing applied: torch.compile is torch's own")
     for name, fix in r["fixes"].items():
         ref = f" [{fix['ref']}]" if fix.get("ref") else ""
         out.append(f"  {name}: {fix['status']}: {fix['reason']}{ref}")
@@ -147,7 +154,7 @@ def _human(data: Dict[str, Any]) -> str:
     return "\n".join(fit(line) for line in out) + "\n"
 
 
-def _install_lines(inst: Dict[str, Any]) -> List[str]:
+def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
     out: List[str] = []
     for d in inst["distributions"]:
         kind = ", editable" if d["editable"] else ""
@@ -170,9 +177,15 @@ def _install_lines(inst: Dict[str, Any]) -> List[str]:
                    "with --system-site-packages): applied once, by the copy in use; uninstall "
                    "the other to avoid mixing versions")
     act = inst.get("activation") or {}
-    how = (f"{act['via']} (reached by: {', '.join(act['reached'])})" if act.get("via")
-           else "no start-up path ran")
-    out.append(f"  activated by: {how}; ROCM_AUTOPATCH mode: {inst.get('mode')}")
+    reached = f"{act['via']} (reached by: {', '.join(act['reached'])})" if act.get("via") \
+        else ""
+    if not reached:
+        out.append(f"  start-up: no start-up path ran; ROCM_AUTOPATCH mode: {inst.get('mode')}")
+    elif report.get("active"):
+        out.append(f"  activated by: {reached}; ROCM_AUTOPATCH mode: {inst.get('mode')}")
+    else:
+        out.append(f"  start-up: {reached} ran, found no ROCm build and applied nothing "
+                   f"(ROCM_AUTOPATCH mode: {inst.get('mode')})")
     if not inst["autoload"]:
         out.append("  TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch's autoload path is off (the .pth "
                    "and the launcher still work)")

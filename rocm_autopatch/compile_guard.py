@@ -32,7 +32,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from rocm_autopatch import log, profiles, record
 
-ENV_ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
+ENV_ALLOW_GRAPHS = profiles.ENV_ALLOW_GRAPHS
 ENV_KEEP_TUNING = profiles.OVERRIDE_PREFIX + "MAX_AUTOTUNE"
 
 
@@ -206,13 +206,18 @@ def install(torch: ModuleType) -> None:
         torch.compile = guard(current)
         allowed = policy()
         rewrites = {mode: rewrite({"mode": mode}, allowed) for mode in MODES}
-        tuning = allowed.tuning
+        dropped = (() if allowed.graphs else GRAPH_OPTIONS) + (
+            () if allowed.tuning else TUNING_OPTIONS)
+        kept = ([f"CUDA graphs ({ENV_ALLOW_GRAPHS}=1)"] if allowed.graphs else []) + (
+            [f"autotuning asked for in code (perf or {ENV_KEEP_TUNING}=1)"]
+            if allowed.tuning else [])
         record.REPORT.fixes["compile_guard"] = {
             "status": record.APPLIED,
-            "reason": "torch.compile rewrites: " + ", ".join(
-                f"mode={k!r} -> {v[0]['mode']!r}" for k, v in rewrites.items() if v)
-            + "; truthy options dropped: " + ", ".join(GRAPH_OPTIONS + (
-                () if tuning else TUNING_OPTIONS)) + ("" if tuning else
-                                 f" (autotuning kept with {ENV_KEEP_TUNING}=1 or perf)"),
+            "reason": "torch.compile rewrites: " + (", ".join(
+                f"mode={k!r} -> {v[0]['mode']!r}" for k, v in rewrites.items() if v) or "none")
+            + "; truthy options dropped: " + (", ".join(dropped) or "none")
+            + ("; kept: " + ", ".join(kept) if kept else
+               f" (autotuning kept with {ENV_KEEP_TUNING}=1 or perf; CUDA graphs with "
+               f"{ENV_ALLOW_GRAPHS}=1)"),
             "ref": f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}",
         }

@@ -86,6 +86,12 @@ def _read_in_new_thread(module: ModuleType, keys: Sequence[str]) -> Dict[str, An
     return seen
 
 
+def _flag(var: str) -> bool:
+    from rocm_autopatch import log
+
+    return log.env_flag(var, "", warn=False)  # the compile guard warns about a bad value
+
+
 def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: str,
                  warn: Warn) -> None:
     for var in setting.env:
@@ -153,6 +159,16 @@ def apply(module: ModuleType, namespace: str, profile: str,
         failed = _condition_fails(setting, archs)
         if failed:
             not_here[setting.key] = failed
+            continue
+        if setting.kept_by and _flag(setting.kept_by):
+            wanted.pop(setting.key, None)
+            changes = [c for c in changes if c.key != setting.key]
+            value = read(module, name)
+            changes.append(ConfigChange(setting.key, value, value, "environment", SKIPPED,
+                                        f"{setting.kept_by}=1: torch's own value is kept, so "
+                                        "graphs work as torch makes them",
+                                        wanted=setting.value, why=setting.reason,
+                                        ref=setting.ref))
             continue
         set_by = [v for v in setting.env if v in os.environ]
         if setting.env_wins and set_by:

@@ -16,6 +16,9 @@ ENV_PROFILE = "ROCM_AUTOPATCH_PROFILE"
 DEFAULT_PROFILE = "safe"
 # INDUCTOR_<KEY> sets an Inductor key over the profile's value (rocm_autopatch/overrides.py).
 OVERRIDE_PREFIX = "INDUCTOR_"
+# The escape hatch that keeps Inductor CUDA graphs: torch's own values of the graph keys,
+# and graph modes/options in torch.compile calls (rocm_autopatch/compile_guard.py).
+ENV_ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
 
 
 class Setting(NamedTuple):
@@ -34,6 +37,8 @@ class Setting(NamedTuple):
     # Not applied where a GPU's architecture starts with one of these (KFD topology; the
     # previous layer's value for the key stays).
     not_on_archs: Tuple[str, ...] = ()
+    # A yes/no variable that, set, leaves torch's own value of this key (ENV_ALLOW_GRAPHS).
+    kept_by: str = ""
 
 
 # Bound at apply time: the CPUs this process may use (affinity and cgroup quota).
@@ -86,11 +91,13 @@ SAFE: Tuple[Setting, ...] = (
         "reported silent training degradation",
         ref=REF_CUDAGRAPHS,
         env=("TORCHINDUCTOR_CUDAGRAPHS",),
+        kept_by=ENV_ALLOW_GRAPHS,
     ),
     Setting(
         "inductor.triton.cudagraph_trees", False,
         "the CUDA-graph-trees implementation of the same Inductor CUDA graphs",
         ref=REF_CUDAGRAPHS,
+        kept_by=ENV_ALLOW_GRAPHS,
     ),
     Setting(
         "inductor.memory_planning", False,

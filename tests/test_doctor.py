@@ -43,7 +43,8 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     assert "\x1b[" not in proc.stdout  # no colour codes
     assert f"    {torch_venv.site}" in lines
     assert "start-up: .pth runs" in proc.stdout
-    assert "activated by: .pth (reached by: .pth, doctor" in proc.stdout
+    said = "activated by: .pth" if mode == "force" else "start-up: .pth"
+    assert f"{said} (reached by: .pth, doctor" in proc.stdout
     assert "torch 2.13.0" in proc.stdout and "(cpu)" in proc.stdout
     assert lines[-1] == "healthy"
     if mode == "force":
@@ -184,3 +185,32 @@ def test_module_form_matches_console_script(torch_venv: Venv) -> None:
                           capture_output=True, text=True, env=clean_env(), cwd=str(torch_venv.path))
     assert proc.returncode == 0
     assert json.loads(proc.stdout)["install"]["will_run"] is True
+
+
+def test_allowed_cudagraphs_are_kept_as_torch_makes_them_and_said_so(torch_venv: Venv) -> None:
+    env = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS": "1",
+           "TORCHINDUCTOR_CUDAGRAPHS": "1"}
+    proc = doctor(torch_venv, "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the user's choice: no red flag
+    data = json.loads(proc.stdout)
+    config = {c["key"]: c for c in data["report"]["config"]}
+    for key in ("inductor.triton.cudagraphs", "inductor.triton.cudagraph_trees"):
+        assert config[key]["status"] == "skipped" and config[key]["after"] is True, key
+        assert "torch's own value is kept" in config[key]["reason"]
+    guard = data["report"]["fixes"]["compile_guard"]["reason"]
+    assert "triton.cudagraph" not in guard.split("truthy options dropped:")[1].split(";")[0]
+    assert "kept: CUDA graphs" in guard
+    (row,) = [r for r in data["environment"] if r["name"] == "TORCHINDUCTOR_CUDAGRAPHS"]
+    assert row["flag"] == "kept"
+    text = doctor(torch_venv, env=env).stdout
+    assert "= TORCHINDUCTOR_CUDAGRAPHS=1" in text
+
+
+def test_an_inactive_process_says_nothing_was_applied(torch_venv: Venv) -> None:
+    text = doctor(torch_venv, env={"ROCM_AUTOPATCH": "auto"}).stdout
+    lines = text.splitlines()
+    for title in ("Configuration (key: before -> after, source, status)",
+                  "torch.compile rewrites and fixes"):
+        assert lines[lines.index(title) + 1].startswith("  nothing applied:"), title
+    assert "activated by" not in text
+    assert "found no ROCm build and applied nothing" in text
