@@ -86,10 +86,34 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
         report["reason"] = f"turned off by {bootstrap.ENV_MODE}={os.environ[bootstrap.ENV_MODE]}"
     data["report"] = report
     data["gpus"] = probe.gpu_archs()
+    data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
     data["environment"] = environment_audit(report)
     data["left_out"] = profiles.LEFT_OUT
     data["healthy"] = not any(r["flag"] == "red" for r in data["environment"])
     return data
+
+
+# GEMM template backends torch can autotune besides ATen, with what they are; FlyDSL is new
+# in torch 2.15 (torch/_inductor/config.py: "FlyDSL templates for ROCm GPUs (experimental)").
+TEMPLATE_BACKENDS = ("TRITON", "CK", "CKTILE", "FLYDSL", "CUTLASS", "CUTEDSL", "NVGEMM", "CPP")
+
+
+def gemm_backends(config: Any) -> Dict[str, Any]:
+    """Which GEMM backends this process's torch would autotune, as torch reads them
+    (``torch/_inductor/utils.py`` ``_use_autotune_backend``: listed in
+    ``max_autotune_gemm_backends`` and autotuning on)."""
+    if config is None:
+        return {"known": False}
+    listed = [b.strip().upper() for b in str(config.max_autotune_gemm_backends).split(",")]
+    tuning = bool(getattr(config, "max_autotune", False)
+                  or getattr(config, "max_autotune_gemm", False))
+    templates = [b for b in listed if b in TEMPLATE_BACKENDS]
+    return {"known": True, "listed": listed, "autotuning": tuning,
+            "templates_used": templates if tuning else [],
+            "flydsl_in_this_torch": hasattr(config, "flydsl_enable_autotuning"),
+            # torch then tries it on ROCm gfx950 (torch/_inductor/utils.py use_flydsl_gemm_template)
+            "flydsl_candidate": tuning and "FLYDSL" in listed
+            and hasattr(config, "flydsl_enable_autotuning")}
 
 
 def _numerics_sentinel(record: Any) -> None:
@@ -136,6 +160,16 @@ def _human(data: Dict[str, Any]) -> str:
             out.append(f"      {c['reason']}")
         if c["status"] == "applied" and c.get("why"):
             out.append(f"      why: {c['why']}" + (f" [{c['ref']}]" if c.get("ref") else ""))
+    gemm = data["gemm_backends"]
+    if gemm.get("known"):
+        used = gemm["templates_used"]
+        out.append(f"  GEMM backends: {','.join(gemm['listed'])}; autotuning "
+                   f"{'on' if gemm['autotuning'] else 'off'}: " + (
+                       f"template backends in use: {', '.join(used)}" if used else
+                       "no template backend in use (ATen only)")
+                   + ("; FlyDSL (torch 2.15+, ROCm, experimental): "
+                      + ("a candidate" if gemm["flydsl_candidate"] else "not used")
+                      if gemm["flydsl_in_this_torch"] else ""))
     out += ["", "torch.compile rewrites and fixes"]
     if not r["active"]:
         out.append("  nothing applied: torch.compile is torch's own")

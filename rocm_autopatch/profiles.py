@@ -73,8 +73,9 @@ SAFE: Tuple[Setting, ...] = (
     ),
     Setting(
         "inductor.max_autotune_gemm_backends", "ATEN",
-        "GEMMs go to hipBLASLt through ATen; Triton/CK GEMM candidates only add compile time "
-        "and crash-prone benchmark runs when autotuning is asked for anyway",
+        "GEMMs go to hipBLASLt through ATen; Triton/CK/FlyDSL (torch 2.15+, experimental) GEMM "
+        "candidates only add compile time and crash-prone benchmark runs when autotuning is "
+        "asked for anyway",
         ref=REF_AUTOTUNE,
         env=("TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS",),
     ),

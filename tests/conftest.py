@@ -1,12 +1,17 @@
 """Shared test fixtures: the real wheel, installed in a real virtual environment.
 
-The venv with torch 2.13 is made once and cached under ``.cache/`` (or
-``ROCM_AUTOPATCH_TEST_VENV``); each test session builds the wheel from this checkout and
-reinstalls it there, so every subprocess test runs the real .pth from site-packages.
+By default a venv with torch 2.13 (CPU) is made once and cached under ``.cache/`` (or
+``ROCM_AUTOPATCH_TEST_VENV``). ``ROCM_AUTOPATCH_TEST_TORCH_VENV=/path/to/venv`` runs the
+suite against the torch of an existing venv instead: it is used as it is (torch is never
+installed, upgraded or removed there; tests that need a package it lacks, transformers
+say, skip and say so). Either way each session builds the wheel from this checkout and
+reinstalls it there, so every subprocess test runs the real .pth from site-packages, and
+expected values come from the torch in that venv (``Venv.torch``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -19,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_PIN = "torch==2.13.0"
+TORCH_VENV_ENV = "ROCM_AUTOPATCH_TEST_TORCH_VENV"  # the switch: test another torch
 # Variables that would change what rocm-autopatch or torch do; tests set them explicitly.
 SCRUB = ("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "PYTHONPATH", "TORCH_COMPILE",
          "RANK", "LOCAL_RANK", "PYTHONSTARTUP")
@@ -47,6 +53,22 @@ class Venv:
         return subprocess.run([self.python, *flags, "-c", code, *args], capture_output=True,
                               text=True, env=clean_env(**(env or {})), timeout=timeout,
                               cwd=cwd or str(self.path))
+
+    @functools.cached_property
+    def torch(self) -> Dict[str, object]:
+        """The torch under test: version (major, minor), its string, its build."""
+        code = ("import json, torch; v = torch.version; print(json.dumps({'version': "
+                "torch.__version__, 'build': 'rocm' if v.hip else 'cuda' if v.cuda else 'cpu'}))")
+        found = self.json(code, env={"ROCM_AUTOPATCH": "0"})
+        major, minor = found["version"].split(".")[:2]
+        return {**found, "release": (int(major), int("".join(c for c in minor if c.isdigit())))}
+
+    def has(self, module: str) -> bool:
+        return self.run(f"import {module}", env={"ROCM_AUTOPATCH": "0"}).returncode == 0
+
+    def needs(self, module: str) -> None:
+        if not self.has(module):
+            pytest.skip(f"{module} is not installed in the torch venv under test ({self.path})")
 
     def json(self, code: str, **kwargs) -> dict:
         """Run ``code``; its last stdout line is JSON. Fails with stderr on a crash."""
@@ -83,8 +105,15 @@ def make_venv(path: Path, packages: List[str]) -> None:
 
 @pytest.fixture(scope="session")
 def torch_venv(wheel: Path) -> Iterator[Venv]:
-    """A venv with torch 2.13 (cached across sessions) and this checkout's wheel."""
-    path = Path(os.environ.get("ROCM_AUTOPATCH_TEST_VENV", ROOT / ".cache" / "venv-torch"))
-    make_venv(path, [TORCH_PIN, "numpy", "transformers"])
+    """The venv under test, with this checkout's wheel: the cached torch 2.13 venv, or the
+    one ``ROCM_AUTOPATCH_TEST_TORCH_VENV`` names, used as it is."""
+    given = os.environ.get(TORCH_VENV_ENV, "").strip()
+    if given:
+        path = Path(given).absolute()
+        if not (path / "bin" / "python").exists():
+            pytest.exit(f"{TORCH_VENV_ENV}={given}: no bin/python there", returncode=2)
+    else:
+        path = Path(os.environ.get("ROCM_AUTOPATCH_TEST_VENV", ROOT / ".cache" / "venv-torch"))
+        make_venv(path, [TORCH_PIN, "numpy", "transformers"])
     pip(str(path / "bin" / "python"), "--force-reinstall", "--no-deps", str(wheel))
     yield Venv(path)

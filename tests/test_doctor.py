@@ -45,14 +45,15 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     assert "start-up: .pth runs" in proc.stdout
     said = "activated by: .pth" if mode == "force" else "start-up: .pth"
     assert f"{said} (reached by: .pth, doctor" in proc.stdout
-    assert "torch 2.13.0" in proc.stdout and "(cpu)" in proc.stdout
+    build = torch_venv.torch["build"]
+    assert f"torch {torch_venv.torch['version']} ({build}" in proc.stdout
     assert lines[-1] == "healthy"
     if mode == "force":
         assert "active: yes" in proc.stdout
         assert "inductor.triton.cudagraph_trees: True -> False, profile, applied" in proc.stdout
         assert "compile_watchdog: applied" in proc.stdout
     else:
-        assert "active: no" in proc.stdout and "cpu build; nothing changed" in proc.stdout
+        assert "active: no" in proc.stdout and f"{build} build; nothing changed" in proc.stdout
         assert ", applied" not in proc.stdout.split("Configuration")[1]  # no key changed
 
 
@@ -92,7 +93,8 @@ def test_json_schema(torch_venv: Venv) -> None:
     assert inst["activation"] == {"via": ".pth", "reached": [
         ".pth", "doctor", "torch.backends entry point"]}
     report = data["report"]
-    assert report["active"] is True and report["platform"] == "cpu" and report["forced"]
+    assert report["active"] is True and report["forced"]
+    assert report["platform"] == torch_venv.torch["build"]
     assert {c["key"] for c in report["config"]} == safe_keys()
     for entry in report["config"]:
         assert set(entry) >= {"key", "before", "after", "source", "status", "reason",
@@ -214,3 +216,20 @@ def test_an_inactive_process_says_nothing_was_applied(torch_venv: Venv) -> None:
         assert lines[lines.index(title) + 1].startswith("  nothing applied:"), title
     assert "activated by" not in text
     assert "found no ROCm build and applied nothing" in text
+
+
+def test_safe_keeps_template_gemm_backends_flydsl_included_out(torch_venv: Venv) -> None:
+    """An image that lists FlyDSL (torch 2.15's ROCm GEMM backend, used only when listed
+    in max_autotune_gemm_backends with autotuning on) and turns autotuning on."""
+    env = {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_MAX_AUTOTUNE": "1",
+           "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": "ATEN,TRITON,FLYDSL"}
+    for hatch in ({}, {"INDUCTOR_MAX_AUTOTUNE": "1"}):  # tuning kept: backends still ATen
+        data = json.loads(doctor(torch_venv, "--json", env={**env, **hatch}).stdout)
+        gemm = data["gemm_backends"]
+        assert gemm["listed"] == ["ATEN"] and gemm["templates_used"] == []
+        assert gemm["flydsl_candidate"] is False
+        assert gemm["flydsl_in_this_torch"] == (torch_venv.torch["release"] >= (2, 15))
+    text = doctor(torch_venv, env=env).stdout
+    assert "no template backend in use (ATen only)" in text
+    plain = json.loads(doctor(torch_venv, "--json", env={**env, "ROCM_AUTOPATCH": "0"}).stdout)
+    assert "FLYDSL" in plain["gemm_backends"]["listed"]  # without us, torch would list it

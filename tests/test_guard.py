@@ -254,6 +254,7 @@ print(json.dumps({"breaks": e.graph_break_count, "graphs": e.graph_count,
 
 def test_hugging_face_generate_with_reduce_overhead_compile(torch_venv: Venv) -> None:
     """transformers calls torch.compile(mode='reduce-overhead') inside generate()."""
+    torch_venv.needs("transformers")
     code = """
 import json, torch
 from transformers import LlamaConfig, LlamaForCausalLM

@@ -172,6 +172,7 @@ def test_bad_values_warn_once_and_name_what_is_accepted(torch_venv: Venv,
 
 def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> None:
     """transformers' GPT-2, Llama and ViT at small sizes, fp32 and bf16: all compared."""
+    torch_venv.needs("transformers")
     data, proc = run(torch_venv, tmp_path, "models", ROCM_AUTOPATCH_VERIFY="check")
     assert len(data["out"]) == 6
     totals = data["verify"]["totals"]
