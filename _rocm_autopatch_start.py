@@ -1,8 +1,9 @@
 """Interpreter start-up for rocm-autopatch: the trigger that every Python runs.
 
-``TRIGGER`` is the whole start-up: a few lines that put one tiny finder at the front of
-``sys.meta_path`` and wait for the program's first ``import torch``; only then is the
-``rocm_autopatch`` package loaded (``rocm_autopatch.bootstrap.take_over``). It reaches a
+``TRIGGER`` is the whole start-up: a few lines that put one tiny finder (a function) at
+the front of ``sys.meta_path`` and wait for the program's first ``import torch``; only then
+is this module imported and the ``rocm_autopatch`` package loaded (``fire``, then
+``rocm_autopatch.bootstrap.take_over``). It reaches a
 process by one of four paths, all ending in the same idempotent ``install``:
 
 - ``rocm_autopatch.pth``: the trigger's source is written into the .pth line itself, so
@@ -28,28 +29,38 @@ AUTO_VALUES = ("", "1", "on", "auto", "true", "yes")
 FORCE_VALUES = ("force",)
 
 # The trigger, run with a fresh globals dict by the .pth line at every interpreter start
-# (compiled from source each time: every line here costs; BENCHMARKS.md, start-up) and by
-# start() below. ``take_over`` loads the package and answers every later import through
-# the post-import finder; the bookkeeping of non-.pth paths is in start(), not here.
+# (compiled from source each time: every token here costs; BENCHMARKS.md, start-up). It
+# creates no class and runs no generator: the finder is a function whose ``find_spec`` is
+# itself, and ``sys._rocm_autopatch`` both marks it installed (the .pth line can run twice,
+# a venv's site-packages is processed twice on some Pythons) and finds it again. At
+# ``import torch`` it calls ``fire`` below, which loads the package. ``start`` runs it with
+# ``VIA`` set, and fires it itself once it has recorded which path that was.
 TRIGGER = f"""\
 import os, sys
-class TorchImportTrigger:
-    rocm_autopatch = True
-    via = globals().get("VIA", ".pth")
-    reached = (via,)
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            try:
-                from rocm_autopatch.bootstrap import take_over
-            except Exception:
-                self.find_spec = lambda *args: None
-            else:
-                return take_over(self, name, path, target)
-if os.environ.get({ENV_MODE!r}, "").strip().lower() not in {OFF_VALUES!r} and not any(
-        getattr(f, "rocm_autopatch", False) for f in sys.meta_path):
-    sys.meta_path.insert(0, TorchImportTrigger())
-    "torch" in sys.modules and sys.meta_path[0].find_spec("torch")
+if os.environ.get({ENV_MODE!r}, '').strip().lower() not in {OFF_VALUES!r} \\
+        and not hasattr(sys, '_rocm_autopatch'):
+    def rocm_autopatch_trigger(n, p=None, g=None):
+        if n == 'torch':
+            return __import__('_rocm_autopatch_start').fire(rocm_autopatch_trigger, n, p, g)
+    rocm_autopatch_trigger.find_spec = sys._rocm_autopatch = rocm_autopatch_trigger
+    sys.meta_path.insert(0, rocm_autopatch_trigger)
+    'torch' in sys.modules and 'VIA' not in globals() and rocm_autopatch_trigger('torch')
 """
+
+
+def fire(trigger, name, path=None, target=None):
+    """The trigger saw ``import torch``: load the package and let it take over (where it
+    cannot load, the trigger stands down for good)."""
+    try:
+        from rocm_autopatch.bootstrap import take_over
+    except Exception:  # noqa: BLE001 - never break an import
+        trigger.find_spec = _inert
+        return None
+    return take_over(trigger, name, path, target)
+
+
+def _inert(*args):
+    return None
 
 
 def say(text: str) -> None:
@@ -70,23 +81,25 @@ def pth_line() -> str:
 
 
 def installed():
-    """The trigger in ``sys.meta_path``, if any path has installed it in this process."""
-    for finder in sys.meta_path:
-        if getattr(finder, "rocm_autopatch", False):
-            return finder
-    return None
+    """The trigger, if any path has installed it in this process."""
+    return getattr(sys, "_rocm_autopatch", None)
 
 
 def start(via: str = ".start"):
     """The single, idempotent start-up call (.start, the launcher, the doctor, torch's
     autoload): installs the trigger if no other path has, and records ``via``."""
     try:
-        exec(TRIGGER, {"VIA": via})  # installs it, unless off or already installed
+        before = installed()
+        exec(TRIGGER, {"VIA": via})  # installs it (unless off or installed); fires below
         trigger = installed()
         if trigger is None:  # ROCM_AUTOPATCH=0
             return None
-        if via not in trigger.reached:
-            trigger.reached = (*trigger.reached, via)
+        if before is None:
+            trigger.via = via  # installed here; the .pth line sets nothing (it costs)
+        reached = getattr(trigger, "reached", (getattr(trigger, "via", ".pth"),))
+        if via not in reached:
+            reached = (*reached, via)
+        trigger.reached = reached
         if "torch" in sys.modules:  # torch came first (torch's autoload, another .pth)
             from rocm_autopatch.bootstrap import take_over
 

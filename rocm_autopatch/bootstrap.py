@@ -67,10 +67,6 @@ def activate() -> "Optional[PostImportFinder]":
     return finder
 
 
-def _inert(*args: "Any", **kwargs: "Any") -> None:
-    return None
-
-
 def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = None) -> "Any":
     """The trigger saw ``import torch`` (or torch was already imported): activate, then let
     the trigger answer every later import with the post-import finder directly.
@@ -82,7 +78,8 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
     """
     try:
         found = activate()
-        trigger.find_spec = found.find_spec if found is not None else _inert
+        trigger.find_spec = (found.find_spec if found is not None
+                             else _rocm_autopatch_start._inert)
         if found is None:
             return None
         if name in sys.modules:
@@ -94,7 +91,7 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
             return spec
         return found.watch(name, spec) if name in found.hooks else spec
     except Exception as exc:  # noqa: BLE001 - never break the user's import
-        trigger.find_spec = _inert
+        trigger.find_spec = _rocm_autopatch_start._inert
         _rocm_autopatch_start.say(f"rocm-autopatch: warning: start-up failed, inactive: "
                                   f"{exc!r}\n")
         return None
@@ -122,7 +119,8 @@ def activation() -> "dict":
     trigger = _rocm_autopatch_start.installed()
     if trigger is None:
         return {"via": None, "reached": []}
-    return {"via": trigger.via, "reached": list(trigger.reached)}
+    via = getattr(trigger, "via", ".pth")  # the .pth line records nothing: it costs
+    return {"via": via, "reached": list(getattr(trigger, "reached", (via,)))}
 
 
 def start(via: str) -> None:

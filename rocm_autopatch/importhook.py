@@ -105,9 +105,10 @@ class PostImportFinder:
             return None
         busy.add(fullname)
         try:
+            trigger = getattr(sys, "_rocm_autopatch", None)
             for finder in list(sys.meta_path):
                 # We answer through the start-up trigger, not from sys.meta_path: skip it.
-                if getattr(finder, "rocm_autopatch", False) or not hasattr(finder, "find_spec"):
+                if finder is trigger or not hasattr(finder, "find_spec"):
                     continue
                 spec = finder.find_spec(fullname, path, target)
                 if spec is not None:

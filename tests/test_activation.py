@@ -28,7 +28,7 @@ OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_
 # What a process saw: the trigger before torch, then what torch ended up with.
 PROBE = """
 import json, sys
-before = [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger")
+before = sys.meta_path.count(getattr(sys, "_rocm_autopatch", None))
 import torch, torch._inductor.config as ic, torch._dynamo.config as dc
 import torch._dynamo.convert_frame as cf
 import rocm_autopatch

@@ -42,8 +42,9 @@ def norm(v):  # sets print in hash-seed order
 snap = {k: norm(v) for k, v in sorted(ic.get_config_copy().items())}
 snap.update({"dynamo." + k: norm(v) for k, v in sorted(dc.get_config_copy().items())})
 c = torch.compile
+finders = [getattr(f, "__name__", "?") for f in sys.meta_path]
 print(json.dumps({"config": snap, "compile": [type(c).__name__, c.__module__,
-                  c.__code__.co_filename], "finders": [type(f).__name__ for f in sys.meta_path],
+                  c.__code__.co_filename], "finders": finders,
                   "watching": sorted(getattr(getattr(sys.meta_path[0].find_spec, "__self__",
                                                      None), "hooks", {})),
                   "ours": %s}))
@@ -95,7 +96,7 @@ def test_off_means_nothing_of_ours_runs_beyond_a_check(torch_venv: Venv, value: 
     out = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value})
     # torch's autoload imports the entry point's module, which reads ROCM_AUTOPATCH and stops.
     assert out["ours"] == ["_rocm_autopatch_start"]
-    assert "TorchImportTrigger" not in out["finders"]
+    assert "rocm_autopatch_trigger" not in out["finders"]
     assert out["compile"][2].endswith(f"torch{os.sep}__init__.py")  # torch's own compile
     quiet = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value,
                                            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
@@ -110,7 +111,7 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["compile"][0] == "function"
     # Once torch turned out not to be a ROCm build the trigger watches nothing more (it
     # stays in sys.meta_path, emptied: removing it could make another thread skip a finder).
-    assert with_package["finders"][0] == "TorchImportTrigger"
+    assert with_package["finders"][0] == "rocm_autopatch_trigger"
     assert with_package["watching"] == []
     assert with_package["finders"][1:] == without["finders"]
     # Deciding loads these few; the profiles, logging and fixes are never loaded here.
@@ -123,9 +124,9 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
 @pytest.mark.parametrize("mode", ["auto", "force"])
 def test_program_without_torch_loads_no_module_of_ours(torch_venv: Venv, mode: str) -> None:
     code = f"""import json, sys
-print(json.dumps({{'ours': {OURS}, 'first': type(sys.meta_path[0]).__name__}}))"""
+print(json.dumps({{'ours': {OURS}, 'first': getattr(sys.meta_path[0], '__name__', '?')}}))"""
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": mode})
-    assert out == {"ours": [], "first": "TorchImportTrigger"}
+    assert out == {"ours": [], "first": "rocm_autopatch_trigger"}
 
 
 def test_bad_mode_warns_once_at_import_torch_and_continues(torch_venv: Venv) -> None:
@@ -194,9 +195,9 @@ import rocm_autopatch.bootstrap as b
 b.start("test"); b.activate()
 import torch, torch._inductor.config as ic, torch._dynamo.convert_frame as cf
 b.activate()
-finders = [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger")
+finders = sys.meta_path.count(getattr(sys, "_rocm_autopatch", None))
 s = importlib.reload(s); s.start()
-finders += [type(f).__name__ for f in sys.meta_path].count("TorchImportTrigger") - 1
+finders += sys.meta_path.count(getattr(sys, "_rocm_autopatch", None)) - 1
 import rocm_autopatch.hooks as hooks
 hooks.on_torch(torch); hooks.on_inductor_config(ic)   # hooks firing twice change nothing
 cf = importlib.reload(cf)
