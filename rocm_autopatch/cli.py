@@ -242,7 +242,10 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from rocm_autopatch import __version__
+
     parser = argparse.ArgumentParser(prog="rocm-autopatch")
+    parser.add_argument("--version", action="version", version=f"rocm-autopatch {__version__}")
     sub = parser.add_subparsers(dest="command")
     doctor = sub.add_parser("doctor", help="show what is installed, detected and changed")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

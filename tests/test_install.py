@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -345,3 +346,35 @@ def test_a_closed_stderr_changes_no_exit_status_and_switches_nothing_off(
             seen.append((proc.returncode, proc.stdout))
         assert seen[0] == seen[1], (cmd[-1], env, seen)
     assert seen[0][0] == 2  # the doctor: no readable report, closed stderr or not
+
+
+def test_the_sdist_builds_the_same_wheel_and_the_version_is_written_once(
+        wheel: Path, tmp_path: Path, torch_venv: Venv) -> None:
+    """``python -m build`` makes the sdist, then the wheel from it: that wheel must equal the
+    one built from the checkout, start-up files included."""
+    import sys
+
+    import rocm_autopatch
+
+    out = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out),
+                    str(ROOT)], check=True, env=clean_env(), capture_output=True)
+    (sdist,) = out.glob("rocm_autopatch-*.tar.gz")
+    (built,) = out.glob("rocm_autopatch-*.whl")
+    direct, from_sdist = zipfile.ZipFile(wheel), zipfile.ZipFile(built)
+    names = sorted(direct.namelist())
+    assert names == sorted(from_sdist.namelist())
+    for name in names:
+        if not name.endswith("/RECORD"):
+            assert direct.read(name) == from_sdist.read(name), name
+    assert {"rocm_autopatch.pth", "rocm_autopatch.start", "_rocm_autopatch_start.py"} <= set(
+        names)
+    version = rocm_autopatch.__version__
+    assert sdist.name == f"rocm_autopatch-{version}.tar.gz"
+    (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    assert f"\nVersion: {version}\n" in direct.read(meta).decode()
+    assert not re.search(r"^version\s*=", (ROOT / "pyproject.toml").read_text(),
+                         re.MULTILINE)  # written in one place only
+    said = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "--version"],
+                          capture_output=True, text=True, env=clean_env())
+    assert (said.returncode, said.stdout.strip()) == (0, f"rocm-autopatch {version}")
