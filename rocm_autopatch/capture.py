@@ -110,16 +110,20 @@ def _inside(filename: str, directory: str) -> bool:
 _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def user_site() -> Optional[Tuple[str, int, str]]:
+LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def user_site(libraries: bool = False) -> Optional[Tuple[str, int, str]]:
     """(file, line, function) of the innermost caller on this thread's stack that is
-    neither torch nor rocm-autopatch, as torch's "start compiling" stack shows it; None
-    when there is none."""
+    neither torch nor rocm-autopatch (nor, with ``libraries``, any installed package), as
+    torch's "start compiling" stack shows it; None when there is none."""
     torch_dir = _torch_dir()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not (_inside(filename, torch_dir) or _inside(filename, _OURS)
-                or filename.startswith("<frozen ")):
+                or filename.startswith("<frozen ")
+                or libraries and any(part in filename for part in LIBRARY_DIRS)):
             return filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None

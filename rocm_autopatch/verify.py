@@ -453,8 +453,19 @@ def _graph_id() -> str:
 
 
 def _where() -> str:
+    """The frame being compiled; where that is a library's (transformers' forward), the
+    user's own line that called into it too."""
     where = compile_frame.current()
-    return record.frame_label(*where) if where else "<unknown frame>"
+    if not where:
+        return "<unknown frame>"
+    from rocm_autopatch import capture
+
+    label = record.frame_label(*where)
+    if any(part in where[0] for part in capture.LIBRARY_DIRS):
+        site = capture.user_site(libraries=True)
+        if site is not None:
+            label += f", called at {site[0]}:{site[1]}"
+    return label
 
 
 def install(module: types.ModuleType) -> None:

@@ -1,0 +1,96 @@
+"""The demo of the README's first command: unchanged scripts, without and with rocm-autopatch.
+
+    python examples/demo.py
+
+Each run is a child process of its own. ROCm behaviour is forced (ROCM_AUTOPATCH=force)
+because this may be a machine without an AMD GPU; on a ROCm build it is what happens anyway.
+
+1. examples/hf_generate.py compiles a Hugging Face model with mode="reduce-overhead", and
+   the environment sets TORCHINDUCTOR_MAX_AUTOTUNE=1 (as some container images do): what
+   rocm-autopatch changed, from report() in that same process.
+2. examples/opt_generate.py with a compiled kernel that computes wrong numbers. The bug is
+   injected on purpose with torch's own fault injection (Inductor's
+   ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"``: relu(x) computed as x + 1), standing
+   for the silent miscompiles reported on AMD GPUs: without rocm-autopatch, then with
+   ROCM_AUTOPATCH_VERIFY=check and =fallback.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Runs an unchanged script, then says what rocm-autopatch did in that same process.
+CHILD = r"""
+import json, runpy, sys
+if sys.argv[2] == "inject":
+    import torch._inductor.config as config
+    config.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"  # on purpose: the demo's miscompile
+runpy.run_path(sys.argv[1], run_name="__main__")
+try:
+    import rocm_autopatch
+    r = rocm_autopatch.report()
+    said = {"active": r.active, "rewrites": [
+        "torch.compile(" + ", ".join(f"{k}={v!r}" for k, v in w.before.items()) + ") ran as "
+        + (", ".join(f"{k}={v!r}" for k, v in w.after.items()) or "defaults")
+        for w in r.compile_rewrites],
+            "config": [f"{c.key}={c.after!r}" for c in r.config if c.status == "applied"
+                       and c.key.endswith(("max_autotune", "cudagraph_trees"))],
+            "verify": (r.verify or {}).get("totals")}
+except ImportError:
+    said = {"active": False}
+print("REPORT " + json.dumps(said))
+"""
+
+
+def run(script, env, inject=False):
+    proc = subprocess.run([sys.executable, "-c", CHILD, os.path.join(HERE, script),
+                           "inject" if inject else "-"], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=HERE, timeout=900)
+    if proc.returncode != 0:
+        sys.exit(f"demo run failed:\n{proc.stderr[-3000:]}")
+    lines = proc.stdout.splitlines()
+    tokens = {k: v for k, v in (ln.split(":", 1) for ln in lines if ln.startswith(("eager",
+                                                                                  "compiled")))}
+    report = json.loads(next(ln for ln in lines if ln.startswith("REPORT "))[7:])
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("rocm-autopatch:")]
+    return {k.strip(): v.strip() for k, v in tokens.items()}, report, warnings
+
+
+def main():
+    print("rocm-autopatch demo (ROCm behaviour forced with ROCM_AUTOPATCH=force)\n")
+    print("1. examples/hf_generate.py: torch.compile(mode='reduce-overhead'), with "
+          "TORCHINDUCTOR_MAX_AUTOTUNE=1 set")
+    hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
+    for label, env in (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
+                       ("with rocm-autopatch", {"ROCM_AUTOPATCH": "force"})):
+        tokens, report, _ = run("hf_generate.py", {**hostile, **env})
+        done = ("; ".join(report["rewrites"] + report["config"]) if report["active"] else
+                "nothing changed: CUDA graphs and GEMM autotuning as asked")
+        print(f"   {label:<22}: tokens {tokens['compiled']}; {done}")
+    print("   (on a ROCm GPU the first run is the one that can hang or replay wrong)\n")
+    print("2. examples/opt_generate.py with a miscompile INJECTED on purpose (torch's "
+          "cpp.inject_relu_bug_TESTING_ONLY)")
+    truth = None
+    for label, env in (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
+                       ("ROCM_AUTOPATCH_VERIFY=check", {"ROCM_AUTOPATCH": "force",
+                                                       "ROCM_AUTOPATCH_VERIFY": "check"}),
+                       ("ROCM_AUTOPATCH_VERIFY=fallback", {"ROCM_AUTOPATCH": "force",
+                                                        "ROCM_AUTOPATCH_VERIFY": "fallback"})):
+        tokens, report, warnings = run("opt_generate.py", env, inject=True)
+        truth = truth or tokens["eager"]
+        right = tokens["compiled"] == truth
+        said = sum("numerics:" in w for w in warnings)
+        verdict = ("correct: the graphs that differ run eagerly" if right and said else
+                   "correct" if right else
+                   f"WRONG, and {said} warning(s) name the graph(s)" if said else
+                   "WRONG, and nothing says so")
+        print(f"   {label:<30}: tokens {tokens['compiled']}  {verdict}")
+    print(f"   {'eager (the right answer)':<30}: tokens {truth}")
+    print("\n`rocm-autopatch doctor` shows the setup; ROCM_AUTOPATCH_REPORT=PATH writes what "
+          "each run did (README).")
+
+
+if __name__ == "__main__":
+    main()
