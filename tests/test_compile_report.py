@@ -353,3 +353,22 @@ def test_the_job_view_shows_what_is_readable_and_names_what_is_not(torch_venv: V
     assert len(data["unreadable"]) == 4 and len(data["processes"]) == 2
     none = doctor(torch_venv, "--report", *[str(tmp_path / n) for n in bad if n != "empty.json"])
     assert none.returncode == 2 and "no readable compile report" in none.stderr
+
+
+def test_a_torchrun_job_writes_one_report_per_rank_and_none_for_the_launcher(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """torchrun's own process imports torch and compiles nothing: no third report, and the
+    exit line never says "None"."""
+    (tmp_path / "train.py").write_text(
+        "import torch\ntorch.compile(lambda x: x.sin() + 1)(torch.ones(4))\n")
+    out = tmp_path / "reports"
+    proc = subprocess.run([str(torch_venv.path / "bin" / "torchrun"), "--nproc-per-node", "2",
+                           "train.py"], capture_output=True, text=True, cwd=str(tmp_path),
+                          timeout=600,
+                          env=clean_env(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_LOG="info",
+                                        ROCM_AUTOPATCH_REPORT=f"{out}/{{rank}}.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in files(out)] == ["0.json", "1.json"]
+    lines = [ln for ln in proc.stderr.splitlines() if "compile: " in ln]
+    assert len(lines) == 1 and "None" not in lines[0]  # rank 0 only
+    assert lines[0].startswith("rocm-autopatch: INFO: compile: 1 graphs, 0 graph breaks")
