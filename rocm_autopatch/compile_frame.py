@@ -36,6 +36,17 @@ def current() -> Optional[Tuple[str, int, str]]:
     return getattr(_current, "where", None)
 
 
+def compile_id() -> str:
+    """torch's id of the compile under way ("0/1", as TORCH_LOGS shows it); "" outside one."""
+    try:
+        from torch._guards import CompileContext
+
+        found = CompileContext.current_compile_id()
+        return str(found) if found is not None else ""
+    except Exception:  # noqa: BLE001 - older layouts: no id
+        return ""
+
+
 def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,
                  decline: Callable[[], Any], skip_rng: bool, seconds: float,
                  observe: Optional[Any] = None) -> Any:

@@ -47,7 +47,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import log, record
+from rocm_autopatch import compile_frame, log, record
 
 ENV = record.ENV_REPORT
 SCHEMA = 2
@@ -196,7 +196,7 @@ class Collector:
 
     def graph_break(self, message: str) -> None:
         found = parse_break(message)
-        compile_id = _compile_id()
+        compile_id = compile_frame.compile_id()
         key = (f"{found['file']}:{found['line']}", found["reason"])
         with _lock:
             slot = self.breaks.setdefault(key, {**found, "count": 0, "compile_ids": []})
@@ -494,16 +494,6 @@ def _bind(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
         return dict(sig.bind_partial(*args, **kwargs).arguments)
     except TypeError:
         return dict(kwargs)
-
-
-def _compile_id() -> str:
-    try:
-        from torch._guards import CompileContext
-
-        found = CompileContext.current_compile_id()
-        return str(found) if found is not None else ""
-    except Exception:  # noqa: BLE001
-        return ""
 
 
 def _after_fork_in_child() -> None:

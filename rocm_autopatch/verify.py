@@ -424,7 +424,7 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
             _busy.compiling = False
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
-        graph = Graph(gm, compiled, _graph_id(), _where(), how, checks)
+        graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks)
 
         def run(*call_args: Any, **call_kwargs: Any) -> Any:
             fast = graph.fast
@@ -439,17 +439,6 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
 
     setattr(compile_fx, _MARK, True)
     return compile_fx
-
-
-def _graph_id() -> str:
-    """torch's compile id for the graph being compiled ("0/1", as TORCH_LOGS shows it)."""
-    try:
-        from torch._guards import CompileContext
-
-        found = CompileContext.current_compile_id()
-        return str(found) if found is not None else "?"
-    except Exception:  # noqa: BLE001
-        return "?"
 
 
 def _where() -> str:

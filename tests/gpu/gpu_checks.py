@@ -21,31 +21,12 @@ RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capt
              "Status: cudaStreamCaptureStatusActive")
 
 
-def _block():  # a small transformer block (attention + MLP), fp16
+def _block():  # the selftest's reference transformer block (attention + MLP), fp16
     import torch
 
-    class Block(torch.nn.Module):
-        def __init__(self, d: int = 256, heads: int = 4) -> None:
-            super().__init__()
-            self.norm1 = torch.nn.LayerNorm(d)
-            self.qkv = torch.nn.Linear(d, 3 * d)
-            self.proj = torch.nn.Linear(d, d)
-            self.norm2 = torch.nn.LayerNorm(d)
-            self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
-                                           torch.nn.Linear(4 * d, d))
-            self.heads = heads
+    from rocm_autopatch.selftest import reference_block
 
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                       for z in (q, k, v))
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-            return x + self.mlp(self.norm2(x))
-
-    torch.manual_seed(0)
-    return Block().cuda().half().eval()
+    return reference_block("cuda", torch.half)
 
 
 def _count_graph_captures() -> Dict[str, int]:
