@@ -432,7 +432,12 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
                 return fast(*call_args)
             return graph.call(call_args, call_kwargs)
 
-        run.__dict__.update(getattr(compiled, "__dict__", {}))
+        # Its attributes (Dynamo reads some), but not Dynamo's own bookkeeping: a returned
+        # function that is already a disable() wrapper (torch 2.4-2.9) carries
+        # _torchdynamo_orig_callable, which Dynamo follows to the function it wraps; copied,
+        # it would send every call past this wrapper.
+        run.__dict__.update({k: v for k, v in getattr(compiled, "__dict__", {}).items()
+                             if not k.startswith("_torchdynamo")})
         run.__wrapped__ = compiled  # type: ignore[attr-defined]
         run.__name__ = run.__qualname__ = getattr(compiled, "__name__", "compiled_graph")
         return run

@@ -23,6 +23,7 @@ import os
 import sys
 
 import torch
+import torch._inductor.config  # noqa: F401 - torch 2.4 does not import it with torch
 
 DEVICE = os.environ.get("DEVICE", "cpu")
 
