@@ -58,6 +58,7 @@ def verify() -> dict:
             out[name] = {"crashed": proc.stderr[-600:]}
             continue
         out[name] = {"statuses": [g["status"] for g in data["verify"]["graphs"]],
+                     "backward": [g.get("backward", "") for g in data["verify"]["graphs"]],
                      "reasons": [g["reason"][:120] for g in data["verify"]["graphs"]
                                  if g["reason"]], "out": data["out"]}
     return out
