@@ -63,14 +63,54 @@ def placeholders(gm: torch.fx.GraphModule) -> List[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+# ---- parameters and buffers that a graph holds itself ------------------------------------
+# Dynamo's graphs hold a module's parameters and buffers as attributes (get_attr and
+# call_module nodes) where it does not inline torch.nn modules: by default on torch 2.4
+# (torch._dynamo.config.inline_inbuilt_nn_modules, on by default from 2.5), and on any
+# release that turns it off. A graph that updates such a buffer (batch norm's running
+# statistics) must run eagerly on copies of it, or the check advances the state twice: the
+# eager and float64 runs get them as extra inputs, swapped into the graph's modules for the
+# call as torch.func.functional_call does (and AOT autograd did for these graphs).
+
+def state_names(gm: torch.fx.GraphModule) -> List[str]:
+    """Names of the tensors ``gm`` holds itself (none where Dynamo inlined the modules)."""
+    return [name for name, _ in gm.named_parameters()] + \
+        [name for name, _ in gm.named_buffers()]
+
+
+def state_of(gm: torch.fx.GraphModule, names: List[str]) -> List[torch.Tensor]:
+    """The tensors named ``names`` in ``gm`` now."""
+    found = dict(gm.named_parameters())
+    found.update(gm.named_buffers())
+    return [found[name] for name in names]
+
+
+def bind_state(fn: Callable[..., Any], gm: torch.fx.GraphModule, names: List[str]
+               ) -> Callable[..., Any]:
+    """``fn(*inputs)`` as ``run(*inputs, *state)``: the trailing values replace ``gm``'s
+    own tensors named ``names`` for the call."""
+    if not names:
+        return fn
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    count = len(names)
+
+    def run(*values: Any) -> Any:
+        with _reparametrize_module(gm, dict(zip(names, values[-count:]))):
+            return fn(*values[:-count])
+
+    return run
+
+
 def _storage(t: torch.Tensor) -> Any:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     return StorageWeakRef(t.untyped_storage())
 
 
-def analyse(gm: torch.fx.GraphModule, args: List[Any]) -> Analysis:
-    """Which inputs ``gm`` writes and which random ops it calls, from a run on fake tensors."""
+def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
+    """Which inputs ``gm`` (a graph, or one bound to its state) writes and which random ops
+    it calls, from a run on fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -40,6 +40,12 @@ REF = "vllm-project/vllm#28268, ROCm/pytorch#3150, pytorch#187401"
 # and the gradients) must fit in this share of the device's free memory.
 MEMORY_SHARE = 0.5
 
+# Where a graph holds its module's tensors itself (numerics.state_names), why its compiled
+# code cannot be run again on copies of them for a backward check.
+HELD = ("the graph holds its module's parameters and buffers itself "
+        "(torch._dynamo.config.inline_inbuilt_nn_modules off, the default on torch 2.4), so "
+        "its compiled code cannot be run on copies of them")
+
 # Statuses of a graph.
 PENDING, PASSED, FAILED, FELL_BACK, SKIPPED = "pending", "passed", "failed", "fell back", \
     "skipped"
@@ -100,6 +106,9 @@ class Graph:
         self.fast: Any = None  # what every call runs once the checks are over
         self.lock = threading.Lock()
         self.analysis: Any = None
+        from rocm_autopatch import numerics
+
+        self.names = numerics.state_names(gm)  # tensors the graph holds itself (torch 2.4)
         self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
                                       "calls_checked": 0, "reason": "", "mismatch": None,
                                       "backward": "not checked yet", "seconds": 0.0}
@@ -145,6 +154,21 @@ class Graph:
 
         return numerics.placeholders(self.gm)
 
+    @functools.cached_property
+    def eager_run(self) -> Any:
+        """The graph run eagerly on its inputs followed by the tensors it holds itself."""
+        from rocm_autopatch import numerics
+
+        return numerics.bind_state(self.gm, self.gm, self.names)
+
+    @functools.cached_property
+    def fp64_run(self) -> Any:
+        """The same, as the float64 reference."""
+        from rocm_autopatch import numerics
+
+        return numerics.bind_state(lambda *xs: numerics.run_fp64(self.gm, list(xs)), self.gm,
+                                   self.names)
+
     def eager_call(self, *args: Any) -> Any:
         flat, boxed = self.inputs(args)
         if flat is None:
@@ -186,8 +210,10 @@ class Graph:
         if flat is None:
             self.finish(SKIPPED, "not checked: called with inputs that do not match the graph")
             return self.compiled(*args)
+        # From here, flat is the inputs followed by the tensors the graph holds itself.
+        flat += numerics.state_of(self.gm, self.names)
         if self.analysis is None:
-            self.analysis = numerics.analyse(self.gm, flat)
+            self.analysis = numerics.analyse(self.eager_run, flat)
         analysis = self.analysis
         if analysis.error:
             self.finish(SKIPPED, f"not checked: the graph could not be run on fake tensors "
@@ -254,8 +280,8 @@ class Graph:
         eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
         inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
         with torch.no_grad():
-            ref = self.gm(*eager_inputs)
-            ref64 = numerics.run_fp64(self.gm, inputs64)
+            ref = self.eager_run(*eager_inputs)
+            ref64 = self.fp64_run(*inputs64)
         outputs = len(numerics.leaves(ref))
         return numerics.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
                                 numerics.leaves(res) + [flat[i] for i in mutated],
@@ -277,10 +303,14 @@ class Graph:
         outs = [o for o in numerics.leaves(res) if isinstance(o, torch.Tensor)]
         if not any(o.requires_grad for o in outs):
             return "not applicable: no output requires grad"
-        wanted = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)
+        count = len(self.placeholders)
+        if any(i >= count for i in pre):
+            return f"not checked: {HELD}, and it updates some (they would advance twice)"
+        held = any(x.requires_grad for x in flat[count:])
+        wanted = [i for i, x in enumerate(flat[:count]) if isinstance(x, torch.Tensor)
                   and x.requires_grad and x.is_floating_point()]
         if not wanted:
-            return "not applicable: no input requires grad"
+            return f"not checked: {HELD}" if held else "not applicable: no input requires grad"
         need = sum(flat[i].numel() * (2 * flat[i].element_size() + 16) for i in wanted)
         room = _free_bytes(flat[wanted[0]].device)
         if room is not None and need > room * MEMORY_SHARE:
@@ -289,18 +319,19 @@ class Graph:
                     "free")
 
         def compiled(*inputs: Any) -> Any:
+            inputs = inputs[:count]  # it reads what it holds itself
             return self.compiled(list(inputs)) if boxed else self.compiled(*inputs)
 
         try:
             got, upstream = _grads(compiled, flat, pre, wanted, None, False)
-            eager, _ = _grads(self.gm, flat, pre, wanted, upstream, False)
-            eager64, _ = _grads(lambda *xs: numerics.run_fp64(self.gm, list(xs)), flat, pre,
-                                wanted, upstream, True)
+            eager, _ = _grads(self.eager_run, flat, pre, wanted, upstream, False)
+            eager64, _ = _grads(self.fp64_run, flat, pre, wanted, upstream, True)
         except Exception as exc:  # noqa: BLE001 - not checkable here: say so
             return f"not checked: {type(exc).__name__}: {str(exc).strip()[:200]}"
         bad = numerics.compare(eager, got, eager64, numerics.TOL_BACKWARD)
         if not bad:
-            return f"passed ({len(wanted)} gradients)"
+            return f"passed ({len(wanted)} gradients" + (
+                "; not those of the parameters the graph holds itself)" if held else ")")
         m = bad[0]
         return (f"{FAILED}: gradient {m.index} (shape {list(m.shape)}, {m.dtype}) differs "
                 f"from eager by up to {m.max_abs_diff:.3g}")
@@ -326,7 +357,7 @@ class Graph:
                 for i, state in pre.items():
                     flat[i].copy_(state)
             with numerics.grad_mode(grad):
-                res = self.gm(*flat)
+                res = self.gm(*flat[:len(self.placeholders)])
         self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager")
         then = (" This call returned eager's result and this graph runs eagerly from now on; "
                 "other graphs stay compiled." if falling_back else

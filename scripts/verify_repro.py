@@ -10,7 +10,9 @@ torch.compile on a copy of the model (``expected``) and ``report().verify``.
 
 SCENARIO: ``bug`` (an MLP with the injected miscompile, 3 calls), ``healthy`` (the same
 without it, fp32 and bf16), ``dropout`` (a graph with a random op), ``batchnorm`` (3
-training steps of a model with BatchNorm: running stats and weights), ``kvcache`` (a
+training steps of a model with BatchNorm: running stats and weights), ``held_batchnorm``
+and ``held_batchnorm_bug`` (the same through a graph that holds the module's parameters and
+buffers itself, as Dynamo's do on torch 2.4; the second with the miscompile), ``kvcache`` (a
 buffer written with ``index_copy_`` over 3 calls), ``train_bug`` (3 training steps with
 the injected miscompile), ``no_fp64`` (a custom op with no float64 kernel), ``models``
 (GPT-2, Llama and ViT from transformers, small random configs, fp32 and bf16). Used by
@@ -56,10 +58,10 @@ def calls(model, dtype=torch.float32, n=3):
     return [diff(g, w) for g, w in zip(got, want)]
 
 
-def train(model, steps=3):
+def train(model, steps=3, compile=torch.compile):
     """Compiled and eager copies trained side by side on the same data."""
     ref = copy.deepcopy(model)
-    compiled = torch.compile(model)
+    compiled = compile(model)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref)]
     torch.manual_seed(2)
     data = [(torch.randn(32, 16, device=DEVICE), torch.randn(32, 8, device=DEVICE))
@@ -74,6 +76,35 @@ def train(model, steps=3):
             losses[name].append(float(loss))
     weights = max(diff(p, q) for p, q in zip(model.parameters(), ref.parameters()))
     return model, ref, losses, weights
+
+
+def compile_holding_state(model):
+    """Inductor on a graph that holds its module's parameters and buffers itself
+    (``torch.fx.symbolic_trace`` + ``torch._inductor.compile``), as Dynamo's graphs do on
+    torch 2.4 (``inline_inbuilt_nn_modules`` off)."""
+    import torch.fx
+
+    fn = torch._inductor.compile(torch.fx.symbolic_trace(model),
+                                 [torch.randn(32, 16, device=DEVICE)])
+
+    def call(x):
+        out = fn(x)
+        return out[0] if isinstance(out, (list, tuple)) else out
+
+    return call
+
+
+def batchnorm(compile=torch.compile) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(DEVICE)
+    model, ref, losses, weights = train(model, compile=compile)
+    bn, bn_ref = model[1], ref[1]
+    return {"losses": losses, "weights": weights,
+            "num_batches_tracked": [int(bn.num_batches_tracked),
+                                    int(bn_ref.num_batches_tracked)],
+            "running_mean": diff(bn.running_mean, bn_ref.running_mean),
+            "running_var": diff(bn.running_var, bn_ref.running_var)}
 
 
 class KVCache(torch.nn.Module):
@@ -102,16 +133,11 @@ def scenario(name: str) -> dict:
         # The program's random stream after the call: the same with or without the sentinel.
         return {"out_sum": float(out.sum()), "next_random": float(torch.rand(1))}
     if name == "batchnorm":
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
-                                    torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(DEVICE)
-        model, ref, losses, weights = train(model)
-        bn, bn_ref = model[1], ref[1]
-        return {"losses": losses, "weights": weights,
-                "num_batches_tracked": [int(bn.num_batches_tracked),
-                                        int(bn_ref.num_batches_tracked)],
-                "running_mean": diff(bn.running_mean, bn_ref.running_mean),
-                "running_var": diff(bn.running_var, bn_ref.running_var)}
+        return batchnorm()
+    if name in ("held_batchnorm", "held_batchnorm_bug"):
+        if name.endswith("_bug"):
+            inject_bug()
+        return batchnorm(compile_holding_state)
     if name == "train_bug":
         inject_bug()
         _, _, losses, weights = train(mlp())
