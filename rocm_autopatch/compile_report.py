@@ -92,8 +92,10 @@ def rank() -> Optional[str]:
 
 # ---- graph breaks, as torch logs them ----------------------------------------------------
 
-def parse_break(message: str) -> Dict[str, Any]:
-    """One record of torch's ``graph_breaks`` log -> where, reason, explanation, hints."""
+def parse_break(message: str, error: Optional[BaseException] = None) -> Dict[str, Any]:
+    """One record of torch's ``graph_breaks`` log -> where, reason, explanation, hints.
+    ``error``: the exception the record carries (torch < 2.5 logs "Graph break: from user
+    code at:" and the user stack, with the reason only in the record's ``exc_info``)."""
     where = _BREAK_AT.search(message)
     if where:
         file, line = where.group(1), int(where.group(2))
@@ -108,6 +110,9 @@ def parse_break(message: str) -> Dict[str, Any]:
                                                        "For more details", "Graph break"))]
     if len(titles) > 1 and titles[0].startswith("Encountered graph break when attempting"):
         titles = titles[1:]  # torch's generic prefix; the next line names the break
+    if error is not None and "Reason:" not in message:
+        said = (str(error).strip().splitlines() or [""])[0]
+        titles = [f"{type(error).__name__}: {said}".rstrip(": ")]
     return {
         "file": file, "line": line,
         "reason": _lines(titles[0] if titles else "not stated by torch", 300),
@@ -127,7 +132,8 @@ class _BreakListener(logging.Handler):
 
     def emit(self, record_: logging.LogRecord) -> None:
         try:
-            self.collector.graph_break(record_.getMessage())
+            error = record_.exc_info[1] if record_.exc_info else None
+            self.collector.graph_break(record_.getMessage(), error)
         except Exception:  # noqa: BLE001 - counting must never break tracing
             pass
 
@@ -194,8 +200,8 @@ class Collector:
 
     # ---- fed by torch's log and the compile-frame hook ---------------------------------
 
-    def graph_break(self, message: str) -> None:
-        found = parse_break(message)
+    def graph_break(self, message: str, error: Optional[BaseException] = None) -> None:
+        found = parse_break(message, error)
         compile_id = compile_frame.compile_id()
         key = (f"{found['file']}:{found['line']}", found["reason"])
         with _lock:

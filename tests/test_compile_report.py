@@ -375,3 +375,26 @@ def test_a_torchrun_job_writes_one_report_per_rank_and_none_for_the_launcher(
     lines = [ln for ln in proc.stderr.splitlines() if "compile: " in ln]
     assert len(lines) == 1 and "None" not in lines[0]  # rank 0 only
     assert lines[0].startswith("rocm-autopatch: INFO: compile: 1 graphs, 0 graph breaks")
+
+
+def test_torch_2_4s_wording_gives_the_reason_torch_raised() -> None:
+    # torch < 2.5 logs "Graph break: from user code at:" and the user stack, with the reason
+    # only in the record's exc_info (torch/_dynamo/symbolic_convert.py, 2.4.1, line 534).
+    # The reason was the stack's first line until compat.sh showed it on 2.4.1; that run now
+    # gives torch's reasons (TESTING.md). Record as 2.4.1 logged it for a print():
+    from rocm_autopatch import compile_report
+
+    class Unsupported(RuntimeError):  # torch._dynamo.exc.Unsupported's name and text
+        pass
+
+    message = ('Graph break: from user code at:\n'
+               '  File "/job/p.py", line 3, in outer\n    return inner(x)\n'
+               '  File "/job/p.py", line 7, in inner\n    print("tracing")\n')
+    error = Unsupported("builtin: print [<class 'ConstantVariable'>] True")
+    found = compile_report.parse_break(message, error)
+    assert (found["file"], found["line"]) == ("/job/p.py", 7)
+    assert found["reason"] == "Unsupported: builtin: print [<class 'ConstantVariable'>] True"
+    # torch >= 2.5 states the reason in the message itself; the exception adds nothing.
+    newer = ("Graph break in user code at /job/p.py:7\nGraph Break Reason: Unsupported: "
+             "builtin: print\nUser code traceback:\n  File \"/job/p.py\", line 7, in inner\n")
+    assert compile_report.parse_break(newer, error)["reason"] == "Unsupported: builtin: print"
