@@ -36,9 +36,10 @@ def test_human_output_has_every_section_fits_80_columns(torch_venv: Venv, mode: 
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert [line for line in lines if line in SECTIONS] == SECTIONS
-    paths = {f"  {torch_venv.site / name}" for name in ("rocm_autopatch.pth",
-                                                        "rocm_autopatch.start")}
-    assert max(len(line) for line in lines if line not in paths) <= 80
+    # Past 80 columns only a path kept whole on its own line (a path is never split): the
+    # venv of a checkout at a deep path (CI's) makes the install paths longer than that.
+    wide = [line for line in lines if len(line) > 80]
+    assert all(line.strip().startswith("/") and " " not in line.strip() for line in wide), wide
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "\x1b[" not in proc.stdout  # no colour codes
     assert f"    {torch_venv.site}" in lines

@@ -123,8 +123,12 @@ def test_keyboard_interrupt_dies_of_sigint_like_python(torch_venv: Venv, project
         cmd = [torch_venv.python, "scripts/wait.py"]
         if launcher:
             cmd = [str(torch_venv.path / "bin" / "rocm-autopatch"), "run", "--", *cmd]
+        # SIGINT restored to its default for the child: a shell's background job (`cmd &`,
+        # as CI may start the suite) runs with SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler, with or without the launcher.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=str(project), env=clean_env(ROCM_AUTOPATCH="force"))
+                                cwd=str(project), env=clean_env(ROCM_AUTOPATCH="force"),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stdout.readline() == "ready\n"
         time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
