@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Runs an unchanged script, then says what rocm-autopatch did in that same process.
@@ -59,13 +60,23 @@ def run(script, env, inject=False):
 
 
 def main():
-    print("rocm-autopatch demo (ROCm behaviour forced with ROCM_AUTOPATCH=force)\n")
+    print("rocm-autopatch demo (ROCm behaviour forced with ROCM_AUTOPATCH=force)\n", flush=True)
+    hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
+    first = (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
+             ("with rocm-autopatch", {"ROCM_AUTOPATCH": "force"}))
+    second = (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
+              ("ROCM_AUTOPATCH_VERIFY=check", {"ROCM_AUTOPATCH": "force",
+                                              "ROCM_AUTOPATCH_VERIFY": "check"}),
+              ("ROCM_AUTOPATCH_VERIFY=fallback", {"ROCM_AUTOPATCH": "force",
+                                                 "ROCM_AUTOPATCH_VERIFY": "fallback"}))
+    # The five runs are independent processes: run them side by side, print them in order.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        runs = [pool.submit(run, "hf_generate.py", {**hostile, **env}) for _, env in first]
+        runs += [pool.submit(run, "opt_generate.py", env, True) for _, env in second]
+        results = [job.result() for job in runs]
     print("1. examples/hf_generate.py: torch.compile(mode='reduce-overhead'), with "
           "TORCHINDUCTOR_MAX_AUTOTUNE=1 set")
-    hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
-    for label, env in (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
-                       ("with rocm-autopatch", {"ROCM_AUTOPATCH": "force"})):
-        tokens, report, _ = run("hf_generate.py", {**hostile, **env})
+    for (label, _), (tokens, report, _) in zip(first, results):
         done = ("; ".join(report["rewrites"] + report["config"]) if report["active"] else
                 "nothing changed: CUDA graphs and GEMM autotuning as asked")
         print(f"   {label:<22}: tokens {tokens['compiled']}; {done}")
@@ -73,12 +84,7 @@ def main():
     print("2. examples/opt_generate.py with a miscompile INJECTED on purpose (torch's "
           "cpp.inject_relu_bug_TESTING_ONLY)")
     truth = None
-    for label, env in (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
-                       ("ROCM_AUTOPATCH_VERIFY=check", {"ROCM_AUTOPATCH": "force",
-                                                       "ROCM_AUTOPATCH_VERIFY": "check"}),
-                       ("ROCM_AUTOPATCH_VERIFY=fallback", {"ROCM_AUTOPATCH": "force",
-                                                        "ROCM_AUTOPATCH_VERIFY": "fallback"})):
-        tokens, report, warnings = run("opt_generate.py", env, inject=True)
+    for (label, _), (tokens, _report, warnings) in zip(second, results[len(first):]):
         truth = truth or tokens["eager"]
         right = tokens["compiled"] == truth
         said = sum("numerics:" in w for w in warnings)
