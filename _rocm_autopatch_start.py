@@ -89,6 +89,13 @@ def installed():
     return getattr(sys, "_rocm_autopatch", None)
 
 
+def paths(trigger):
+    """(the path that installed ``trigger``, every path that reached it, in order). The .pth
+    line records nothing on the trigger (each token there costs): no ``via`` means .pth."""
+    via = getattr(trigger, "via", ".pth")
+    return via, getattr(trigger, "reached", (via,))
+
+
 def start(via: str = ".start"):
     """The single, idempotent start-up call (.start, the launcher, the doctor, torch's
     autoload): installs the trigger if no other path has, and records ``via``."""
@@ -100,7 +107,7 @@ def start(via: str = ".start"):
             return None
         if before is None:
             trigger.via = via  # installed here; the .pth line sets nothing (it costs)
-        reached = getattr(trigger, "reached", (getattr(trigger, "via", ".pth"),))
+        reached = paths(trigger)[1]
         if via not in reached:
             reached = (*reached, via)
         trigger.reached = reached

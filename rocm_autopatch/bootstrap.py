@@ -119,8 +119,8 @@ def activation() -> "dict":
     trigger = _rocm_autopatch_start.installed()
     if trigger is None:
         return {"via": None, "reached": []}
-    via = getattr(trigger, "via", ".pth")  # the .pth line records nothing: it costs
-    return {"via": via, "reached": list(getattr(trigger, "reached", (via,)))}
+    via, reached = _rocm_autopatch_start.paths(trigger)
+    return {"via": via, "reached": list(reached)}
 
 
 def start(via: str) -> None:

@@ -113,6 +113,11 @@ _OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
 LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
+def in_library(filename: str) -> bool:
+    """Is ``filename`` an installed package's (site-packages, dist-packages)?"""
+    return any(part in filename for part in LIBRARY_DIRS)
+
+
 def user_site(libraries: bool = False) -> Optional[Tuple[str, int, str]]:
     """(file, line, function) of the innermost caller on this thread's stack that is
     neither torch nor rocm-autopatch (nor, with ``libraries``, any installed package), as
@@ -123,7 +128,7 @@ def user_site(libraries: bool = False) -> Optional[Tuple[str, int, str]]:
         filename = frame.f_code.co_filename
         if not (_inside(filename, torch_dir) or _inside(filename, _OURS)
                 or filename.startswith("<frozen ")
-                or libraries and any(part in filename for part in LIBRARY_DIRS)):
+                or libraries and in_library(filename)):
             return filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None

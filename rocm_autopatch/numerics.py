@@ -72,17 +72,12 @@ def placeholders(gm: torch.fx.GraphModule) -> List[torch.fx.Node]:
 # eager and float64 runs get them as extra inputs, swapped into the graph's modules for the
 # call as torch.func.functional_call does (and AOT autograd did for these graphs).
 
-def state_names(gm: torch.fx.GraphModule) -> List[str]:
-    """Names of the tensors ``gm`` holds itself (none where Dynamo inlined the modules)."""
-    return [name for name, _ in gm.named_parameters()] + \
-        [name for name, _ in gm.named_buffers()]
-
-
-def state_of(gm: torch.fx.GraphModule, names: List[str]) -> List[torch.Tensor]:
-    """The tensors named ``names`` in ``gm`` now."""
+def held(gm: torch.fx.GraphModule) -> Dict[str, torch.Tensor]:
+    """The parameters and buffers ``gm`` holds itself now, by name (none where Dynamo
+    inlined the modules)."""
     found = dict(gm.named_parameters())
     found.update(gm.named_buffers())
-    return [found[name] for name in names]
+    return found
 
 
 def bind_state(fn: Callable[..., Any], gm: torch.fx.GraphModule, names: List[str]

@@ -40,7 +40,7 @@ REF = "vllm-project/vllm#28268, ROCm/pytorch#3150, pytorch#187401"
 # and the gradients) must fit in this share of the device's free memory.
 MEMORY_SHARE = 0.5
 
-# Where a graph holds its module's tensors itself (numerics.state_names), why its compiled
+# Where a graph holds its module's tensors itself (numerics.held), why its compiled
 # code cannot be run again on copies of them for a backward check.
 HELD = ("the graph holds its module's parameters and buffers itself "
         "(torch._dynamo.config.inline_inbuilt_nn_modules off, the default on torch 2.4), so "
@@ -108,7 +108,7 @@ class Graph:
         self.analysis: Any = None
         from rocm_autopatch import numerics
 
-        self.names = numerics.state_names(gm)  # tensors the graph holds itself (torch 2.4)
+        self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
                                       "calls_checked": 0, "reason": "", "mismatch": None,
                                       "backward": "not checked yet", "seconds": 0.0}
@@ -211,7 +211,8 @@ class Graph:
             self.finish(SKIPPED, "not checked: called with inputs that do not match the graph")
             return self.compiled(*args)
         # From here, flat is the inputs followed by the tensors the graph holds itself.
-        flat += numerics.state_of(self.gm, self.names)
+        held = numerics.held(self.gm)
+        flat += [held[name] for name in self.names]
         if self.analysis is None:
             self.analysis = numerics.analyse(self.eager_run, flat)
         analysis = self.analysis
@@ -486,7 +487,7 @@ def _where() -> str:
     from rocm_autopatch import capture
 
     label = record.frame_label(*where)
-    if any(part in where[0] for part in capture.LIBRARY_DIRS):
+    if capture.in_library(where[0]):
         site = capture.user_site(libraries=True)
         if site is not None:
             label += f", called at {site[0]}:{site[1]}"
