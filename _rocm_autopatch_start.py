@@ -64,13 +64,29 @@ def _inert(*args):
 
 
 def say(text: str) -> None:
-    """Write to stderr and never raise: a closed pipe or descriptor must neither change the
-    program's exit status nor switch rocm-autopatch off (every message of ours goes here)."""
+    """Write to stderr and never raise: a closed pipe, a full device or a closed descriptor
+    must neither change the program's exit status nor switch rocm-autopatch off (every
+    message of ours goes here). Written to the descriptor itself, after flushing what the
+    stream holds: text left in the stream's buffer would fail the final flush at exit and
+    turn the exit status into 120 (``2>/dev/full``)."""
     try:
         stream = sys.stderr
-        if stream is not None:
+        if stream is None:
+            return
+        try:
+            fd = stream.fileno()
+        except Exception:  # noqa: BLE001 - no descriptor (a StringIO, pytest's capture)
+            fd = None
+        if fd is None:
             stream.write(text)
             stream.flush()
+            return
+        stream.flush()
+        import os
+
+        data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(fd, data):]
     except (OSError, ValueError):
         pass
 

@@ -11,7 +11,7 @@ import os
 import sys
 
 import _rocm_autopatch_start
-from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
+from _rocm_autopatch_start import ENV_MODE
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are strings
 if TYPE_CHECKING:
@@ -36,18 +36,12 @@ finder: "Optional[PostImportFinder]" = None
 
 def parse_mode(raw: str) -> str:
     """``ROCM_AUTOPATCH`` -> "off", "auto" or "force"; anything else warns and is "auto"."""
-    value = raw.strip().lower()
-    if value in OFF_VALUES:
-        return "off"
-    if value in FORCE_VALUES:
-        return "force"
-    if value not in AUTO_VALUES:
-        _rocm_autopatch_start.say(
-            f"rocm-autopatch: warning: {ENV_MODE}={raw!r} is not understood; accepted: "
-            "0/off/false/no (disable), 1/on/auto (ROCm builds only, the default), "
-            "force (any torch build). Using auto.\n"
-        )
-    return "auto"
+    from rocm_autopatch import settings  # stdlib only, like this module
+
+    found = settings.read(ENV_MODE, {ENV_MODE: raw})
+    if found.problem:
+        _rocm_autopatch_start.say(f"rocm-autopatch: warning: {found.problem}\n")
+    return found.value
 
 
 def activate() -> "Optional[PostImportFinder]":
@@ -102,7 +96,9 @@ def calls_back(spec: "Any") -> bool:
     Torch 2.5+ does unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is not "1"; read from its
     ``__init__.py`` (which defines ``_is_device_backend_autoload_enabled``) without
     importing it, so that a build or a stand-in without the autoload keeps the loader hook."""
-    if os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "1":
+    from rocm_autopatch import settings
+
+    if not settings.torch_autoload():
         return False
     origin = getattr(spec, "origin", None)
     if not origin or not origin.endswith("__init__.py"):

@@ -27,15 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
-import sys
 import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
-from rocm_autopatch import log, record
+from rocm_autopatch import frames, log, patching, record, settings
 
-ENV = "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE"
+ENV = settings.COMPILE_IN_CAPTURE
 POLICY = "capture_policy"
 FIX = "capture_rng"
 CLEAR_ERROR = "capture_error"
@@ -70,8 +68,7 @@ def torch_version(torch: types.ModuleType) -> Tuple[int, int]:
 
 def compile_in_capture() -> bool:
     """``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE``: True gives torch's own behaviour."""
-    return log.env_flag(ENV, "Compiles inside capture run eagerly (set 1 for torch's "
-                        "behaviour: compiling inside capture).")
+    return log.setting(ENV)
 
 
 def capturing(torch: types.ModuleType) -> bool:
@@ -82,56 +79,6 @@ def capturing(torch: types.ModuleType) -> bool:
                     and cuda.is_current_stream_capturing())
     except Exception:  # noqa: BLE001 - no CUDA/HIP runtime: nothing is capturing
         return False
-
-
-def where(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[str, int, str]:
-    """(file, first line, name) of the frame ``_compile`` was called for. A frame of
-    torch's own (``inner`` in ``torch/_dynamo/external_utils.py`` for a compiled module, the
-    wrapper of a lazily compiled backward) is named by the user's call that reached it,
-    ``(file, line, function)``, as torch's structured trace does."""
-    code = args[0] if args else kwargs.get("code")
-    if not isinstance(code, types.CodeType):
-        return "<unknown>", 0, "<unknown>"
-    found = code.co_filename, code.co_firstlineno, code.co_name
-    if _inside(code.co_filename, _torch_dir()):
-        return user_site() or found
-    return found
-
-
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(getattr(torch, "__file__", None) or "/nonexistent/torch") + os.sep
-
-
-def _inside(filename: str, directory: str) -> bool:
-    return filename.startswith(directory)
-
-
-_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-
-
-def in_library(filename: str) -> bool:
-    """Is ``filename`` an installed package's (site-packages, dist-packages)?"""
-    return any(part in filename for part in LIBRARY_DIRS)
-
-
-def user_site(libraries: bool = False) -> Optional[Tuple[str, int, str]]:
-    """(file, line, function) of the innermost caller on this thread's stack that is
-    neither torch nor rocm-autopatch (nor, with ``libraries``, any installed package), as
-    torch's "start compiling" stack shows it; None when there is none."""
-    torch_dir = _torch_dir()
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (_inside(filename, torch_dir) or _inside(filename, _OURS)
-                or filename.startswith("<frozen ")
-                or libraries and in_library(filename)):
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None
 
 
 # ---- the policy: run eagerly this once -------------------------------------------------
@@ -152,7 +99,7 @@ def decline_form(convert_frame: types.ModuleType) -> Tuple[str, Callable[[], Any
 
 def decline(form: Callable[[], Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """What ``_compile`` returns for a frame reached while capturing (the policy)."""
-    label = record.frame_label(*where(args, kwargs))
+    label = frames.label(*frames.compiled_frame(args, kwargs))
     code = args[0] if args else kwargs.get("code")
     value = form()
     if value is None and isinstance(code, types.CodeType):
@@ -184,29 +131,20 @@ def reenable_declined(torch: types.ModuleType) -> None:
 
 def install_capture_end_hook(torch: types.ModuleType) -> bool:
     """Wrap ``torch.cuda.graphs.CUDAGraph.capture_end`` (legacy form only); idempotent."""
-    graphs = getattr(torch.cuda, "graphs", None)
-    cls = getattr(graphs, "CUDAGraph", None)
-    original = getattr(cls, "capture_end", None) if cls is not None else None
-    if original is None:
-        return False
-    if getattr(original, "_rocm_autopatch", False):
-        return True
+    cls = getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None)
 
-    def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(self, *args, **kwargs)
-        finally:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                reenable_declined(torch)
-            except Exception as exc:  # noqa: BLE001 - never break the user's capture
-                record.hook_failed("torch.cuda.graphs", "capture_end re-enable", exc)
+                return original(self, *args, **kwargs)
+            finally:
+                try:
+                    reenable_declined(torch)
+                except Exception as exc:  # noqa: BLE001 - never break the user's capture
+                    log.hook_failed("torch.cuda.graphs", "capture_end re-enable", exc)
+        return capture_end
 
-    capture_end.__name__ = capture_end.__qualname__ = "capture_end"
-    capture_end.__doc__ = original.__doc__
-    capture_end.__wrapped__ = original  # type: ignore[attr-defined]
-    capture_end._rocm_autopatch = True  # type: ignore[attr-defined]
-    cls.capture_end = capture_end
-    return True
+    return cls is not None and patching.wrap(cls, "capture_end", make) is not None
 
 
 # ---- torch's behaviour (ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1) ----------------------------
@@ -275,30 +213,21 @@ def layout(convert_frame: types.ModuleType) -> str:
 
 def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager: bool,
                  form: str, skip_rng: bool) -> None:
-    fixes = record.REPORT.fixes
     if eager:
-        fixes[POLICY] = {"status": record.APPLIED,
-                         "reason": "a compile that starts while a graph is being captured "
-                                   f"runs eagerly instead (torch's form: {form})",
-                         "ref": REF_POLICY}
-    else:
-        fixes[POLICY] = {"status": record.SKIPPED,
-                         "reason": f"{ENV}=1: torch's own behaviour inside capture",
-                         "ref": REF_POLICY}
-    version = torch.__version__
-    if not eager:
-        fixes[FIX] = ({"status": record.APPLIED,
-                       "reason": f"torch {version} < 2.10 reads the CUDA RNG state in every "
-                                 f"compile; skipped while capturing ({layout(convert_frame)})",
-                       "ref": REF_RNG} if skip_rng else
-                      {"status": "not needed",
-                       "reason": f"torch {version} >= 2.10 reads/writes the CUDA RNG state "
-                                 "during capture itself", "ref": REF_RNG})
-        fixes[CLEAR_ERROR] = {"status": record.APPLIED,
-                              "reason": "a first compile inside graph capture fails with a "
-                                        "clear error that says to warm up before capturing",
-                              "ref": REF_POLICY}
-    else:
+        record.fix(POLICY, record.APPLIED, "a compile that starts while a graph is being "
+                   f"captured runs eagerly instead (torch's form: {form})", REF_POLICY)
         reason = "nothing compiles inside capture under the capture policy"
-        fixes[FIX] = {"status": "not needed", "reason": reason, "ref": REF_RNG}
-        fixes[CLEAR_ERROR] = {"status": "not needed", "reason": reason, "ref": REF_POLICY}
+        record.fix(FIX, record.NOT_NEEDED, reason, REF_RNG)
+        record.fix(CLEAR_ERROR, record.NOT_NEEDED, reason, REF_POLICY)
+        return
+    record.fix(POLICY, record.SKIPPED, f"{ENV}=1: torch's own behaviour inside capture",
+               REF_POLICY)
+    version = torch.__version__
+    if skip_rng:
+        record.fix(FIX, record.APPLIED, f"torch {version} < 2.10 reads the CUDA RNG state in "
+                   f"every compile; skipped while capturing ({layout(convert_frame)})", REF_RNG)
+    else:
+        record.fix(FIX, record.NOT_NEEDED, f"torch {version} >= 2.10 reads/writes the CUDA RNG "
+                   "state during capture itself", REF_RNG)
+    record.fix(CLEAR_ERROR, record.APPLIED, "a first compile inside graph capture fails with a "
+               "clear error that says to warm up before capturing", REF_POLICY)

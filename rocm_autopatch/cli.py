@@ -15,7 +15,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from _rocm_autopatch_start import say
-from rocm_autopatch import profiles
+from rocm_autopatch import profiles, settings
 from rocm_autopatch.text import Verbatim, fit
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
@@ -62,7 +62,7 @@ def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
-        os.environ[profiles.ENV_PROFILE] = profile  # this process only
+        os.environ[settings.PROFILE] = profile  # this process only
     from rocm_autopatch import bootstrap, installation, probe, record
 
     data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
@@ -119,14 +119,18 @@ def gemm_backends(config: Any) -> Dict[str, Any]:
 def _numerics_sentinel(record: Any) -> None:
     """The sentinel's line: installed where the variable asks for it (its hook fires when
     Inductor's compile_fx is imported), otherwise said to be off."""
-    from rocm_autopatch import verify
+    from rocm_autopatch import log
+    from rocm_autopatch.sentinel import status
 
-    if record.REPORT.active and verify.mode() != "off":
+    if record.REPORT.active and log.setting(settings.VERIFY) != "off":
         try:
             import torch._inductor.compile_fx  # noqa: F401 - the hook installs the sentinel
         except Exception:  # noqa: BLE001 - a broken torch is reported elsewhere
             pass
-    verify.record_if_off()
+    if status.NAME not in record.REPORT.fixes:
+        record.fix(status.NAME, record.OFF, f"{settings.VERIFY} is unset: compiled graphs are "
+                   "not compared with eager (check: warn about a graph that computes wrong "
+                   "numbers; fallback: also run it eagerly)", status.REF)
 
 
 def _human(data: Dict[str, Any]) -> str:

@@ -17,16 +17,14 @@ Outside capture with the watchdog off, a compile costs one extra call and a capt
 
 from __future__ import annotations
 
-import functools
 import threading
 import types
 from time import perf_counter
 from typing import Any, Callable, Optional, Tuple
 
-from rocm_autopatch import capture, record, watchdog
+from rocm_autopatch import capture, frames, patching, record, watchdog
 
 _lock = threading.Lock()
-_MARK = "_rocm_autopatch"
 _current = threading.local()
 
 
@@ -54,7 +52,7 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
         capturing = capture.capturing(torch)
         if capturing and eager:
             return capture.decline(decline, args, kwargs)
-        where = capture.where(args, kwargs)
+        where = frames.compiled_frame(args, kwargs)
         timer = watchdog.arm(where, seconds) if seconds else None
         token = observe.begin(args, kwargs) if observe is not None else None
         start = perf_counter()
@@ -74,17 +72,13 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
             if observe is not None:
                 observe.end(where, token, perf_counter() - start, error)
 
-    # Name, doc and __wrapped__ of the original; __module__ stays ours (where the code is).
-    functools.update_wrapper(_compile, original, assigned=("__name__", "__qualname__",
-                                                           "__doc__"), updated=())
-    setattr(_compile, _MARK, True)
     return _compile
 
 
 def installed(convert_frame: types.ModuleType) -> Optional[Any]:
     """Our wrapper, if ``convert_frame._compile`` is one."""
     found = getattr(convert_frame, "_compile", None)
-    return found if getattr(found, _MARK, False) else None
+    return found if patching.ours(found) else None
 
 
 def install(convert_frame: types.ModuleType) -> None:
@@ -97,7 +91,7 @@ def install(convert_frame: types.ModuleType) -> None:
             reason = ("layout not recognised: torch._dynamo.convert_frame has no _compile "
                       "function; nothing patched")
             for name in (capture.POLICY, capture.FIX, capture.CLEAR_ERROR, watchdog.NAME):
-                record.REPORT.fixes[name] = {"status": record.SKIPPED, "reason": reason}
+                record.fix(name, record.SKIPPED, reason)
             return
         if installed(convert_frame) is not None:
             return
@@ -107,7 +101,7 @@ def install(convert_frame: types.ModuleType) -> None:
             capture.install_capture_end_hook(torch)
         skip_rng = capture.torch_version(torch) < capture.FIXED_IN
         seconds = watchdog.install()
-        convert_frame._compile = make_wrapper(torch, original, eager=eager, decline=decline,
-                                              skip_rng=skip_rng, seconds=seconds,
-                                              observe=record.COMPILE)
+        patching.wrap(convert_frame, "_compile", lambda found: make_wrapper(
+            torch, found, eager=eager, decline=decline, skip_rng=skip_rng, seconds=seconds,
+            observe=record.COMPILE))
         capture.record_fixes(torch, convert_frame, eager, form, skip_rng)

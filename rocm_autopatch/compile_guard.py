@@ -23,17 +23,16 @@ pickled by reference); wrapt's import alone cost ~5 ms (BENCHMARKS.md, hook time
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
 from types import ModuleType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from rocm_autopatch import log, profiles, record
+from rocm_autopatch import frames, log, patching, profiles, record, settings
 
-ENV_ALLOW_GRAPHS = profiles.ENV_ALLOW_GRAPHS
-ENV_KEEP_TUNING = profiles.OVERRIDE_PREFIX + "MAX_AUTOTUNE"
+ENV_ALLOW_GRAPHS = settings.ALLOW_GRAPHS
+ENV_KEEP_TUNING = settings.KEEP_TUNING
 
 
 class Policy(NamedTuple):
@@ -67,14 +66,21 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def graphs_allowed() -> bool:
-    return log.env_flag(ENV_ALLOW_GRAPHS, "CUDA graphs stay off.")
+    return log.setting(ENV_ALLOW_GRAPHS)
+
+
+def tuning_kept() -> bool:
+    """``INDUCTOR_MAX_AUTOTUNE`` as the override applier read it (typed by torch's config,
+    warned about there): true where it set ``inductor.max_autotune`` to a true value."""
+    if "torch._inductor.config" not in sys.modules and ENV_KEEP_TUNING in os.environ:
+        import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
+    entry = record.REPORT.config_entry("inductor.max_autotune")
+    return bool(entry is not None and entry.source == "override" and entry.wanted)
 
 
 def policy() -> Policy:
     """The escape hatches and the profile, read from the environment on each call."""
-    profile = record.REPORT.profile
-    # INDUCTOR_MAX_AUTOTUNE is an override like any other: overrides.py warns about a bad one.
-    tuning = profile == "perf" or log.env_flag(ENV_KEEP_TUNING, "", warn=False)
+    tuning = record.REPORT.profile == "perf" or tuning_kept()
     return Policy(graphs=graphs_allowed(), tuning=tuning)
 
 
@@ -115,18 +121,6 @@ def rewrite(kwargs: Dict[str, Any], allowed: Policy = SAFE_POLICY
     return new, tuple(removed)
 
 
-def _call_site() -> str:
-    """file:line of the first caller outside torch, functools and this package."""
-    frame = sys._getframe(2)
-    skip = (_HERE, os.sep + "torch" + os.sep, os.sep + "functools.py")
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not any(part in filename for part in skip):
-            return f"{filename}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "<unknown>"
-
-
 def _describe(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return {k: kwargs[k] for k in ("mode", "options") if kwargs.get(k) is not None}
 
@@ -144,7 +138,7 @@ def _how_to_keep(removed: Tuple[str, ...]) -> str:
     keep = []
     if "tuning" in removed:
         keep.append(f"to keep autotuning set {ENV_KEEP_TUNING}=1 or "
-                    f"{profiles.ENV_PROFILE}=perf")
+                    f"{settings.PROFILE}=perf")
     if "graphs" in removed:
         keep.append(f"to keep CUDA graphs set {ENV_ALLOW_GRAPHS}=1")
     return "; ".join(keep) + " (ROCM_AUTOPATCH=0 turns rocm-autopatch off)"
@@ -170,54 +164,50 @@ def _fmt(kwargs: Dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "defaults"
 
 
-_MARK = "__rocm_autopatch_guard__"
-
-
 def guard(original: Any) -> Any:
     """``original`` (torch.compile) behind the guard."""
 
-    @functools.wraps(original)
     def compile(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("backend") not in INDUCTOR_BACKENDS:
+            return original(*args, **kwargs)  # not ours to touch: no policy read
         found = rewrite(kwargs, policy())
         if found is None:
             return original(*args, **kwargs)
         new, removed = found
-        _note(kwargs, new, _call_site(), removed)
+        _note(kwargs, new, frames.site_text(), removed)
         return original(*args, **new)
 
-    setattr(compile, _MARK, True)
     return compile
 
 
 def is_guarded(fn: Any) -> bool:
-    return getattr(fn, _MARK, False) is True
+    return patching.ours(fn)
 
 
 def install(torch: ModuleType) -> None:
     """Wrap ``torch.compile``; idempotent (a second call, a reload of torch)."""
     with _lock:
-        current = getattr(torch, "compile", None)
-        if current is None:
-            record.REPORT.fixes["compile_guard"] = {
-                "status": record.SKIPPED, "reason": "this torch has no torch.compile"}
+        if patching.ours(getattr(torch, "compile", None)):
             return
-        if is_guarded(current):
+        if patching.wrap(torch, "compile", guard, like_original=True) is None:
+            record.fix("compile_guard", record.SKIPPED, "this torch has no torch.compile")
             return
-        torch.compile = guard(current)
-        allowed = policy()
+        # The tuning override is applied at Inductor's config import, not yet here.
+        allowed = Policy(graphs=graphs_allowed(), tuning=record.REPORT.profile == "perf")
         rewrites = {mode: rewrite({"mode": mode}, allowed) for mode in MODES}
         dropped = (() if allowed.graphs else GRAPH_OPTIONS) + (
             () if allowed.tuning else TUNING_OPTIONS)
         kept = ([f"CUDA graphs ({ENV_ALLOW_GRAPHS}=1)"] if allowed.graphs else []) + (
             [f"autotuning asked for in code (perf or {ENV_KEEP_TUNING}=1)"]
             if allowed.tuning else [])
-        record.REPORT.fixes["compile_guard"] = {
-            "status": record.APPLIED,
-            "reason": "torch.compile rewrites: " + (", ".join(
+        record.fix(
+            "compile_guard", record.APPLIED,
+            "torch.compile rewrites: " + (", ".join(
                 f"mode={k!r} -> {v[0]['mode']!r}" for k, v in rewrites.items() if v) or "none")
             + "; truthy options dropped: " + (", ".join(dropped) or "none")
             + ("; kept: " + ", ".join(kept) if kept else
                f" (autotuning kept with {ENV_KEEP_TUNING}=1 or perf; CUDA graphs with "
-               f"{ENV_ALLOW_GRAPHS}=1)"),
-            "ref": f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}",
-        }
+               f"{ENV_ALLOW_GRAPHS}=1)")
+            + ("" if allowed.tuning else f"; {ENV_KEEP_TUNING}=1, once Inductor's config "
+               "applies it, keeps autotuning asked for in code"),
+            f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}")

@@ -47,9 +47,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import compile_frame, log, record
+from rocm_autopatch import compile_frame, frames, log, record, settings
 
-ENV = record.ENV_REPORT
+ENV = settings.REPORT
 SCHEMA = 2
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
 # "<pid> <path>" of the first process that armed the report, inherited by its children.
@@ -83,11 +83,15 @@ def _metrics() -> Any:
 
 
 def rank() -> Optional[str]:
-    for var in log.RANK_VARIABLES:
-        value = os.environ.get(var, "").strip()
-        if value:
-            return value
-    return None
+    """This process's rank as the report writes it (digits only: a value that is not a
+    rank is warned about, naming its variable, and the report is named by pid)."""
+    found = log.rank()
+    return None if found is None else str(found)
+
+
+def _number(name: str) -> Optional[str]:
+    found = log.setting(name)
+    return None if found is None else str(found)
 
 
 # ---- graph breaks, as torch logs them ----------------------------------------------------
@@ -228,7 +232,7 @@ class Collector:
     def end(self, where: Tuple[str, int, str], token: Tuple[bool, str], seconds: float,
             error: Optional[BaseException]) -> None:
         try:
-            self._end(record.frame_label(*where), token, seconds, error)
+            self._end(frames.label(*where), token, seconds, error)
         except Exception as exc:  # noqa: BLE001 - counting must never break a compile
             log.warn_once(("compile_report", "count"), f"compile report: counting failed: "
                           f"{exc!r}; the report will be incomplete")
@@ -389,8 +393,8 @@ class Collector:
         return {
             "schema": SCHEMA,
             "process": {"pid": os.getpid(), "rank": rank(),
-                        "local_rank": os.environ.get("LOCAL_RANK"),
-                        "world_size": os.environ.get("WORLD_SIZE"),
+                        "local_rank": _number(settings.LOCAL_RANK),
+                        "world_size": _number(settings.WORLD_SIZE),
                         "host": os.uname().nodename, "argv": list(sys.argv),
                         "python": sys.version.split()[0],
                         "started": round(self.started, 3), "written": round(time.time(), 3)},
@@ -532,7 +536,7 @@ def _finalizer(collector: Collector) -> None:
 
 def arm() -> Optional[Collector]:
     """Start collecting, register the exit handler (once per process); the collector."""
-    template = os.environ.get(ENV, "").strip()
+    template = log.setting(ENV).strip()
     if not template:
         return None
     with _lock:

@@ -16,7 +16,7 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch import profiles, record
+from rocm_autopatch import profiles, record, settings
 from rocm_autopatch.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
 
 Warn = Callable[[Any, str], Any]
@@ -89,7 +89,7 @@ def _read_in_new_thread(module: ModuleType, keys: Sequence[str]) -> Dict[str, An
 def _flag(var: str) -> bool:
     from rocm_autopatch import log
 
-    return log.env_flag(var, "", warn=False)  # the compile guard warns about a bad value
+    return log.setting(var, warn=False)  # the compile guard warns about a bad value
 
 
 def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: str,
@@ -97,9 +97,7 @@ def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: s
     for var in setting.env:
         if var not in os.environ or before == wanted:
             continue
-        from rocm_autopatch.overrides import var_name  # only on this warning's path
-
-        keep = var_name(setting.key.split(".", 1)[1])
+        keep = settings.override_var(setting.key.split(".", 1)[1])
         warn(("env", var), f"{var}={os.environ[var]} is set in this environment (container "
              f"images do this); the {profile} profile sets {setting.key}={wanted!r} instead: "
              f"{setting.reason}. To keep it, set {keep}={os.environ[var]}.")
@@ -183,9 +181,10 @@ def apply(module: ModuleType, namespace: str, profile: str,
         wanted[setting.key] = (setting, name, setting.value, "profile")
     for short, (value, var) in overrides.items():
         key = prefix + short
-        setting = wanted[key][0] if key in wanted else profiles.Setting(key, value, var)
-        wanted[key] = (setting._replace(at_least=False, at_most=False), short, value,
-                       "override")
+        # The override's own record: its variable is its reason, the profile's rule is not.
+        why = f"{var}={os.environ.get(var, value)!r} in the environment (INDUCTOR_<KEY>)"
+        setting = profiles.Setting(key, value, why)
+        wanted[key] = (setting, short, value, "override")
         changes = [c for c in changes if c.key != key]
 
     applied_keys: List[Tuple[str, str]] = []
@@ -241,7 +240,7 @@ def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: st
     if not_here:
         reason = (reason + "; " if reason else "") + not_here
     why, ref = (setting.reason, setting.ref) if source == "profile" else (
-        f"set by {setting.reason} in the environment", "")
+        f"set by {setting.reason}", "")
     return ConfigChange(key, before, after, source, status, reason, wanted=value,
                         torch_key=name if name != key[len(prefix):] else "", why=why, ref=ref)
 

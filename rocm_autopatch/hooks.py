@@ -16,24 +16,11 @@ from types import ModuleType
 from typing import Optional, Set, Tuple
 
 # Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
-from rocm_autopatch import bootstrap, importhook, probe, record
+from rocm_autopatch import bootstrap, importhook, probe, record, settings
 
 _lock = threading.RLock()
 _decided = False
 _configured: Set[Tuple[str, int, int]] = set()
-
-
-def _profile() -> str:
-    from rocm_autopatch import log, profiles
-
-    raw = os.environ.get(profiles.ENV_PROFILE, "")
-    name = raw.strip().lower() or profiles.DEFAULT_PROFILE
-    if name not in profiles.PROFILES:
-        log.warn_once(("env", profiles.ENV_PROFILE),
-                      f"{profiles.ENV_PROFILE}={raw!r} is not a profile; accepted: "
-                      f"{', '.join(profiles.PROFILES)}. Using {profiles.DEFAULT_PROFILE}.")
-        name = profiles.DEFAULT_PROFILE
-    return name
 
 
 def decide(torch: Optional[ModuleType] = None) -> bool:
@@ -58,11 +45,13 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
                              "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
             importhook.deactivate(bootstrap.finder)
             return False
+        from rocm_autopatch import log
+
         report.active = True
-        report.profile = _profile()
+        report.profile = log.setting(settings.PROFILE)
         report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
                          else f"ROCm build (HIP {report.hip_version})")
-        if os.environ.get(record.ENV_REPORT, "").strip():  # unset: not even loaded
+        if log.setting(settings.REPORT).strip():  # unset: not even loaded
             from rocm_autopatch import compile_report
 
             compile_report.arm()
@@ -86,13 +75,14 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import config_applier, log, profiles
+    from rocm_autopatch import config_applier, log
 
     profile = record.REPORT.profile
     found = {}
     # Only when such a variable is set: no overrides module and no naming of all ~600 keys
     # (~1 ms) on every other start.
-    if namespace == "inductor" and any(v.startswith(profiles.OVERRIDE_PREFIX) for v in os.environ):
+    if namespace == "inductor" and any(v.startswith(settings.OVERRIDE_PREFIX)
+                                       for v in os.environ):
         from rocm_autopatch import overrides
 
         found = overrides.read(module, warn=log.warn_once)
@@ -132,11 +122,13 @@ def on_convert_frame(module: ModuleType) -> None:
 
 
 def on_compile_fx(module: ModuleType) -> None:
-    """The numerics sentinel; unset or off, not even its module is imported."""
+    """The numerics sentinel; unset or off, not even its package is imported."""
+    if not decide():
+        return
     from rocm_autopatch import log
 
-    if os.environ.get(record.ENV_VERIFY, "").strip().lower() in log.FALSE_WORDS or not decide():
+    if log.setting(settings.VERIFY) == "off":
         return
-    from rocm_autopatch import verify
+    from rocm_autopatch.sentinel import hook
 
-    verify.install(module)
+    hook.install(module)

@@ -30,9 +30,9 @@ def _resolve(target: str) -> "Callback":
 def _report_failure(name: str, target: str, exc: BaseException) -> None:
     """Last line of defence: a hook must never break the user's import."""
     try:
-        from rocm_autopatch import record
+        from rocm_autopatch import log
 
-        record.hook_failed(name, target, exc)
+        log.hook_failed(name, target, exc)
     except Exception:  # noqa: BLE001 - the recorder itself failed; say so and go on
         import _rocm_autopatch_start
 

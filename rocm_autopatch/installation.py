@@ -17,6 +17,7 @@ from importlib import metadata
 from typing import Any, Dict, List
 
 import _rocm_autopatch_start
+from rocm_autopatch import settings
 
 DIST_NAME = "rocm-autopatch"
 PTH, START, MODULE = "rocm_autopatch.pth", "rocm_autopatch.start", "_rocm_autopatch_start.py"
@@ -96,7 +97,7 @@ def info() -> Dict[str, Any]:
         "distributions": dists,
         "duplicate": len(dists) > 1,
         "site_processed": not sys.flags.no_site,
-        "autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1",
+        "autoload": settings.torch_autoload(),
         # Before the doctor's own start(): did a start-up path run in this process?
         "started_before_doctor": trigger is not None,
         "will_run": any(d["startup_files"][PTH]["runs"] or d["startup_files"][START]["runs"]

@@ -124,9 +124,9 @@ def command(argv: Sequence[str]) -> List[str]:
 def main(argv: Sequence[str], profile: Optional[str]) -> NoReturn:
     env = dict(os.environ)
     if profile:
-        from rocm_autopatch import profiles  # here: the target process imports this module
+        from rocm_autopatch import settings  # here: the target process imports this module
 
-        env[profiles.ENV_PROFILE] = profile
+        env[settings.PROFILE] = profile
     new = command(argv)
     try:
         os.execvpe(new[0], new, env)

@@ -1,36 +1,38 @@
-"""Logging: the ``rocm_autopatch`` logger, ``ROCM_AUTOPATCH_LOG``, and say-it-once helpers.
+"""Our messages: the ``rocm_autopatch`` logger, say-it-once warnings, and settings read
+with their one warning.
 
-Messages go to stderr (never stdout) through ``logging``. By default only warnings show.
-In multi-process runs (``RANK``/``LOCAL_RANK`` set) the once-per-process summary comes
-from rank 0 only; warnings come from every rank that has them.
+Messages go to stderr (never stdout) through ``logging``; by default only warnings show
+(``ROCM_AUTOPATCH_LOG``). In multi-process runs the once-per-process lines come from rank 0
+only; warnings come from every rank that has them. Every warning is also kept in the
+record (``report().warnings``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
-from typing import Hashable, Set
+from typing import Any, Hashable, Optional, Set
 
-ENV_LOG = "ROCM_AUTOPATCH_LOG"
-LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-    "off": logging.CRITICAL + 10,
-}
+from _rocm_autopatch_start import say
+from rocm_autopatch import record, settings
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR, "off": logging.CRITICAL + 10}
 
 logger = logging.getLogger("rocm_autopatch")
 
 
-class _Stderr(logging.StreamHandler):
-    """Our messages on stderr. Where stderr is gone (a closed pipe), logging would print
-    "--- Logging error ---" and a traceback there: we say nothing more instead."""
+class _Stderr(logging.Handler):
+    """Our lines on stderr through ``say``: a closed or full stderr changes nothing (no
+    "--- Logging error ---", no text left in a buffer to fail the exit status)."""
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
-        return
+    def emit(self, rec: logging.LogRecord) -> None:
+        try:
+            say(self.format(rec) + "\n")
+        except Exception:  # noqa: BLE001 - formatting our own message: never raise
+            pass
+
+
 _said: Set[Hashable] = set()
 _lock = threading.Lock()
 _configured = False
@@ -41,23 +43,18 @@ def _configure() -> None:
     if _configured:
         return
     _configured = True
-    raw = os.environ.get(ENV_LOG, "")
-    level = LEVELS.get(raw.strip().lower() or "warning")
+    level = settings.read(settings.LOG)
     if logger.level == logging.NOTSET:
-        logger.setLevel(level if level is not None else logging.WARNING)
+        logger.setLevel(LEVELS[level.value])
     if not any(getattr(h, "_rocm_autopatch", False) for h in logger.handlers):
-        handler = _Stderr(sys.stderr)
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("rocm-autopatch: %(levelname)s: %(message)s"))
         handler._rocm_autopatch = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         # Our handler already prints; don't print twice via a root handler.
         logger.propagate = False
-    if level is None:
-        warn_once(
-            ("env", ENV_LOG),
-            f"{ENV_LOG}={raw!r} is not understood; accepted: "
-            f"{', '.join(LEVELS)}. Using warning.",
-        )
+    if level.problem:
+        warn_once(("env", settings.LOG), level.problem)
 
 
 def get_logger() -> logging.Logger:
@@ -72,43 +69,42 @@ def warn_once(key: Hashable, message: str) -> bool:
             return False
         _said.add(key)
     get_logger().warning(message)
-    from rocm_autopatch import record
-
     with record.LOCK:
         record.REPORT.warnings.append(message)
     return True
 
 
-TRUE_WORDS = ("1", "true", "on", "yes")
-FALSE_WORDS = ("", "0", "false", "off", "no")  # unset is off
+def setting(name: str, warn: bool = True) -> Any:
+    """The value of the variable ``name`` (``settings``); a bad one is warned about once,
+    naming the variable and what it accepts (``warn=False``: another reader warns)."""
+    found = settings.read(name)
+    if found.problem and warn:
+        warn_once(("env", name), found.problem)
+    return found.value
 
 
-def env_flag(var: str, what_if_bad: str, warn: bool = True) -> bool:
-    """A yes/no environment variable; anything else is off, with one warning (``warn``)
-    that names the variable, what is accepted and ``what_if_bad`` (what happens instead)."""
-    raw = os.environ.get(var, "")
-    value = raw.strip().lower()
-    if value in TRUE_WORDS:
-        return True
-    if value not in FALSE_WORDS and warn:
-        warn_once(("env", var), f"{var}={raw!r} is not understood; accepted: 1/true/on/yes "
-                  f"or 0/false/off/no. {what_if_bad}")
-    return False
-
-
-# Where torchrun, Slurm wrappers and accelerate put a process's rank, in that order.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK")
+def rank() -> Optional[int]:
+    """This process's rank (``RANK``, else ``LOCAL_RANK``); None where neither is a rank."""
+    for name in (settings.RANK, settings.LOCAL_RANK):
+        value = setting(name)
+        if value is not None:
+            return value
+    return None
 
 
 def is_rank_zero() -> bool:
-    for var in RANK_VARIABLES:
-        value = os.environ.get(var)
-        if value is not None and value.strip() not in ("", "0"):
-            return False
-    return True
+    return rank() in (None, 0)
 
 
 def summary(message: str) -> None:
     """The once-per-process info line; rank 0 only."""
     if is_rank_zero():
         get_logger().info(message)
+
+
+def hook_failed(module_name: str, target: str, exc: BaseException) -> None:
+    """A hook of ours raised: recorded, said once; the rest of rocm-autopatch still runs."""
+    message = f"{target} (on import of {module_name}) failed: {exc!r}"
+    with record.LOCK:
+        record.REPORT.errors.append(message)
+    warn_once(("hook", target), f"{message}; the rest of rocm-autopatch still applies.")

@@ -14,14 +14,13 @@ import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rocm_autopatch import config_applier, profiles
+from rocm_autopatch import config_applier
+from rocm_autopatch.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
+from rocm_autopatch.settings import override_var as var_name
 
-PREFIX = profiles.OVERRIDE_PREFIX
+PREFIX = OVERRIDE_PREFIX
 # Seed 000's names whose key isn't simply the upper-cased name.
 ALIASES = {"INDUCTOR_COORD_DESCENT": "coordinate_descent_tuning"}
-TRUE_WORDS = ("1", "true", "on", "yes")
-FALSE_WORDS = ("0", "false", "off", "no")
-NONE_WORDS = ("none", "null")
 
 
 def config_keys(module: ModuleType) -> List[str]:
@@ -29,11 +28,6 @@ def config_keys(module: ModuleType) -> List[str]:
     if isinstance(entries, dict):
         return sorted(entries)
     return sorted(k for k in getattr(module, "_allowed_keys", ()) if not k.startswith("_"))
-
-
-def var_name(key: str) -> str:
-    """The variable for Inductor ``key``: triton.cudagraphs -> INDUCTOR_TRITON__CUDAGRAPHS."""
-    return PREFIX + key.upper().replace(".", "__")
 
 
 def env_names(keys: List[str]) -> Dict[str, str]:

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NamedTuple, Tuple
 
-ENV_PROFILE = "ROCM_AUTOPATCH_PROFILE"
-DEFAULT_PROFILE = "safe"
-# INDUCTOR_<KEY> sets an Inductor key over the profile's value (rocm_autopatch/overrides.py).
-OVERRIDE_PREFIX = "INDUCTOR_"
-# The escape hatch that keeps Inductor CUDA graphs: torch's own values of the graph keys,
-# and graph modes/options in torch.compile calls (rocm_autopatch/compile_guard.py).
-ENV_ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
+from rocm_autopatch import settings
 
 
 class Setting(NamedTuple):
@@ -37,7 +31,7 @@ class Setting(NamedTuple):
     # Not applied where a GPU's architecture starts with one of these (KFD topology; the
     # previous layer's value for the key stays).
     not_on_archs: Tuple[str, ...] = ()
-    # A yes/no variable that, set, leaves torch's own value of this key (ENV_ALLOW_GRAPHS).
+    # A yes/no variable that, set, leaves torch's own value of this key (settings.ALLOW_GRAPHS).
     kept_by: str = ""
 
 
@@ -92,13 +86,13 @@ SAFE: Tuple[Setting, ...] = (
         "reported silent training degradation",
         ref=REF_CUDAGRAPHS,
         env=("TORCHINDUCTOR_CUDAGRAPHS",),
-        kept_by=ENV_ALLOW_GRAPHS,
+        kept_by=settings.ALLOW_GRAPHS,
     ),
     Setting(
         "inductor.triton.cudagraph_trees", False,
         "the CUDA-graph-trees implementation of the same Inductor CUDA graphs",
         ref=REF_CUDAGRAPHS,
-        kept_by=ENV_ALLOW_GRAPHS,
+        kept_by=settings.ALLOW_GRAPHS,
     ),
     Setting(
         "inductor.memory_planning", False,

@@ -14,6 +14,9 @@ APPLIED = "applied"  # our value is now what torch reads
 UNCHANGED = "unchanged"  # torch already had the value we wanted
 SKIPPED = "skipped"  # not touched, see reason (key missing, no-op on this torch...)
 FAILED = "failed"  # we tried and torch does not read our value
+# Statuses of a fix (``Report.fixes``), besides APPLIED and SKIPPED.
+NOT_NEEDED = "not needed"  # this torch does not have the problem
+OFF = "off"  # a feature the user did not turn on
 
 
 def jsonable(value: Any) -> Any:
@@ -75,6 +78,14 @@ class ConfigChange(_Fields):
     ref: str = ""  # its public evidence (issue/PR, torch source path), or that there is none
 
 
+class Fix(Dict[str, str]):
+    """One fix's record: ``status``, ``reason`` (for a user) and ``ref`` (public evidence).
+    A dict, so that ``report().fixes`` is JSON as it is."""
+
+    def __init__(self, status: str, reason: str, ref: str = "") -> None:
+        super().__init__(status=status, reason=reason, ref=ref)
+
+
 class CompileRewrite(_Fields):
     before: Dict[str, Any] = {}
     after: Dict[str, Any] = {}
@@ -97,11 +108,11 @@ class Report(_Fields):
     activation: Dict[str, Any] = {}
     config: List[ConfigChange] = []
     compile_rewrites: List[CompileRewrite] = []
-    fixes: Dict[str, Dict[str, str]] = {}
+    fixes: Dict[str, Fix] = {}
     # "function (file:line)" -> calls that ran eagerly because a graph was being captured
     eager_in_capture: Dict[str, int] = {}
     # The numerics sentinel (ROCM_AUTOPATCH_VERIFY): {"mode", "calls", "graphs": [...],
-    # "totals"}; empty while it is off (rocm_autopatch/verify.py)
+    # "totals"}; empty while it is off (rocm_autopatch/sentinel/)
     verify: Dict[str, Any] = {}
     errors: List[str] = []
     warnings: List[str] = []
@@ -121,23 +132,13 @@ class Report(_Fields):
 LOCK = threading.RLock()
 REPORT = Report()
 
-# The compile report: the variable that asks for it, and its collector once armed
-# (``compile_report.Collector``; None when the variable is unset: nothing is counted).
-ENV_REPORT = "ROCM_AUTOPATCH_REPORT"
+# The compile report's collector once armed (``compile_report.Collector``; None while
+# ROCM_AUTOPATCH_REPORT is unset: nothing is counted).
 COMPILE: Optional[Any] = None
-# The numerics sentinel's variable (``verify``; read here so that off imports nothing).
-ENV_VERIFY = "ROCM_AUTOPATCH_VERIFY"
 
 
-def frame_label(filename: str, line: int, name: str) -> str:
-    """How a compiled frame is named everywhere a user reads it: ``f (file.py:12)``."""
-    return f"{name} ({filename}:{line})"
-
-
-def hook_failed(module_name: str, target: str, exc: BaseException) -> None:
-    from rocm_autopatch import log
-
-    message = f"{target} (on import of {module_name}) failed: {exc!r}"
+def fix(name: str, status: str, reason: str, ref: str = "") -> None:
+    """Record what became of one fix (the compile guard, the capture policy, the
+    watchdog, the numerics sentinel): the one writer of ``Report.fixes``."""
     with LOCK:
-        REPORT.errors.append(message)
-    log.warn_once(("hook", target), f"{message}; the rest of rocm-autopatch still applies.")
+        REPORT.fixes[name] = Fix(status, reason, ref)

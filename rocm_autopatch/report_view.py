@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from rocm_autopatch import compile_report, verify
+from rocm_autopatch import compile_report
+from rocm_autopatch.sentinel import status
 from rocm_autopatch.text import Verbatim, keep
 
 SCHEMAS = (1, 2)  # 1: before graph breaks came from torch's log (no hints, no backward)
@@ -164,7 +165,7 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
         for error in report["errors"]:
             flags.append(f"{_label(report)}: rocm-autopatch hook failed: {error}")
         for graph in report["verify"]["graphs"]:
-            if graph.get("status") in (verify.FAILED, verify.FELL_BACK):
+            if graph.get("status") in status.WRONG:
                 flags.append(f"{_label(report)}: graph {graph.get('graph', '?')} of "
                              f"{mark(str(graph.get('where', '?')))} "
                              f"{mark('computes wrong numbers')} when compiled "
@@ -177,14 +178,14 @@ def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     merged: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
     for report in reports:
         for g in report["verify"]["graphs"]:
-            if g.get("status") == verify.PASSED:
+            if g.get("status") == status.PASSED:
                 continue
             key = (f"graph {g.get('graph', '?')} of {g.get('where', '?')}",
                    str(g.get("status", "?")), str(g.get("reason", "")))
             slot = merged.setdefault(key, {"graph": key[0], "status": key[1],
                                            "reason": key[2], "processes": []})
             slot["processes"].append(_label(report))
-    bad = (verify.FAILED, verify.FELL_BACK)
+    bad = status.WRONG
     return sorted(merged.values(), key=lambda e: (e["status"] not in bad,
                                                   -len(e["processes"])))
 

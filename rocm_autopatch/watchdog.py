@@ -12,36 +12,19 @@ slows the compile; no thread exists while no compile runs.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 from typing import Any, Dict, List, Tuple
 
-from rocm_autopatch import log, record
+from rocm_autopatch import frames, log, record, settings
 
-ENV = "ROCM_AUTOPATCH_COMPILE_WATCHDOG"
-DEFAULT_SECONDS = 300.0
+ENV = settings.WATCHDOG
 NAME = "compile_watchdog"
 _lock = threading.Lock()
 _compiles: Dict[Tuple[str, int, str], int] = {}  # (file, line, name) -> compiles so far
 _ids = itertools.count(1)
 # Each warning given: {"where", "seconds", "compile"} (the compile report lists them).
 fired: List[Dict[str, Any]] = []
-
-
-def threshold(raw: str) -> float:
-    """``ROCM_AUTOPATCH_COMPILE_WATCHDOG`` -> seconds (0 = off); a bad value warns."""
-    if not raw.strip():
-        return DEFAULT_SECONDS
-    try:
-        value = float(raw)
-        if value >= 0 and value == value and value != float("inf"):
-            return value
-    except ValueError:
-        pass
-    log.warn_once(("env", ENV), f"{ENV}={raw!r} is not understood; accepted: a number of "
-                  f"seconds >= 0 (0 turns the watchdog off). Using {DEFAULT_SECONDS:g}.")
-    return DEFAULT_SECONDS
 
 
 def _settings() -> str:
@@ -60,7 +43,7 @@ def _settings() -> str:
 
 
 def _warn(call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
-    label = record.frame_label(*where)
+    label = frames.label(*where)
     with _lock:
         count = _compiles.get(where, 1)
         fired.append({"where": label, "seconds": seconds, "compile": count})
@@ -86,12 +69,10 @@ def arm(where: Tuple[str, int, str], seconds: float) -> threading.Timer:
 
 def install() -> float:
     """The threshold in seconds (0 = off), recorded; the compile-frame hook arms the timer."""
-    seconds = threshold(os.environ.get(ENV, ""))
+    seconds = log.setting(ENV)
     if seconds == 0:
-        record.REPORT.fixes[NAME] = {"status": record.SKIPPED,
-                                     "reason": f"turned off ({ENV}=0)"}
+        record.fix(NAME, record.SKIPPED, f"turned off ({ENV}=0)")
     else:
-        record.REPORT.fixes[NAME] = {
-            "status": record.APPLIED,
-            "reason": f"one warning when a single compile runs past {seconds:g} s ({ENV})"}
+        record.fix(NAME, record.APPLIED,
+                   f"one warning when a single compile runs past {seconds:g} s ({ENV})")
     return seconds

@@ -88,7 +88,7 @@ print(json.dumps({
     "installed_by_hook": wrapper is not None,
     "form": capture.decline_form(cf)[0],
     "capture_end_hooked": bool(getattr(torch.cuda.graphs.CUDAGraph.capture_end,
-                                       "_rocm_autopatch", False)),
+                                       "__rocm_autopatch__", False)),
     "steps": steps,
     "eager_in_capture": record.REPORT.eager_in_capture,
     "fixes": {k: v["status"] for k, v in record.REPORT.fixes.items()},

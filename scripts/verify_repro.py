@@ -227,8 +227,8 @@ if __name__ == "__main__":
 
     print(json.dumps({"out": result, "verify": rocm_autopatch.report().verify,
                       "loaded": sorted(m for m in sys.modules
-                                       if m in ("rocm_autopatch.verify",
-                                                "rocm_autopatch.numerics")),
+                                       if m in ("rocm_autopatch.sentinel.hook",
+                                                "rocm_autopatch.sentinel.numerics")),
                       "compile_fx_wrapped": getattr(getattr(
                           sys.modules.get("torch._inductor.compile_fx"), "compile_fx", None),
-                          "_rocm_autopatch", False)}))
+                          "__rocm_autopatch__", False)}))

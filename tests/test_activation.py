@@ -41,7 +41,7 @@ print(json.dumps({"trigger_before_torch": before, "active": r.active,
                   "guard_inner": torch.compile.__wrapped__.__code__.co_filename.rsplit("/", 1)[-1]
                   if hasattr(torch.compile, "__wrapped__") else None,
                   "frame_hook_inner_ours": getattr(getattr(cf._compile, "__wrapped__", None),
-                                                   "_rocm_autopatch", False),
+                                                   "__rocm_autopatch__", False),
                   "package": rocm_autopatch.__file__}))
 """
 
@@ -211,7 +211,7 @@ def test_import_torch_runs_with_torchs_own_loader(torch_venv: Venv) -> None:
             " 'module_loader': type(torch.__loader__).__name__, 'active': r.active,"
             " 'reached': r.activation['reached'],"
             " 'guarded': torch.compile.__module__ == 'rocm_autopatch.compile_guard'"
-            " or hasattr(torch.compile, '__rocm_autopatch_guard__')}))\n")
+            " or hasattr(torch.compile, '__rocm_autopatch__')}))\n")
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
     assert out["loader"].endswith(".SourceFileLoader") and "rocm" not in out["loader"]
     assert out["module_loader"] == "SourceFileLoader"

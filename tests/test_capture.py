@@ -24,7 +24,7 @@ f = torch.compile(lambda x: torch.cos(x) + x)   # Dynamo's own global-state chec
 x = torch.randn(8)
 ok = bool(torch.allclose(f(x), torch.cos(x) + x))
 r = rocm_autopatch.report()
-print(json.dumps({"ok": ok, "marked": getattr(cf._compile, "_rocm_autopatch", False),
+print(json.dumps({"ok": ok, "marked": getattr(cf._compile, "__rocm_autopatch__", False),
                   "owner": cf._compile.__module__,
                   "fixes": r.fixes, "errors": r.errors}))
 """

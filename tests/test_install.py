@@ -119,7 +119,7 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["ours"] == ["_rocm_autopatch_start", "rocm_autopatch",
                                     "rocm_autopatch.bootstrap", "rocm_autopatch.hooks",
                                     "rocm_autopatch.importhook", "rocm_autopatch.probe",
-                                    "rocm_autopatch.record"]
+                                    "rocm_autopatch.record", "rocm_autopatch.settings"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
@@ -204,8 +204,8 @@ hooks.on_torch(torch); hooks.on_inductor_config(ic)   # hooks firing twice chang
 cf = importlib.reload(cf)
 print(json.dumps({"finders": finders, "max_autotune": ic.max_autotune,
                   "inner": type(torch.compile.__wrapped__).__name__,
-                  "fix_marked": getattr(cf._compile, "_rocm_autopatch", False),
-                  "fix_inner_marked": getattr(cf._compile.__wrapped__, "_rocm_autopatch", False),
+                  "fix_marked": getattr(cf._compile, "__rocm_autopatch__", False),
+                  "fix_inner_marked": getattr(cf._compile.__wrapped__, "__rocm_autopatch__", False),
                   "keys": len(__import__("rocm_autopatch").report().config),
                   "errors": __import__("rocm_autopatch").report().errors,
                   "activation": __import__("rocm_autopatch").report().activation}))
@@ -323,7 +323,7 @@ def test_a_closed_stderr_changes_no_exit_status_and_switches_nothing_off(
     crash the doctor, or turn a warning at start-up into "inactive"."""
     code = ("import json, torch, rocm_autopatch; torch.compile(lambda x: x + 1)(torch.ones(2)); "
             "r = rocm_autopatch.report(); print(json.dumps({'mode': r.mode, 'active': r.active,"
-            " 'errors': r.errors, 'guarded': hasattr(torch.compile, '__rocm_autopatch_guard__')}))")
+            " 'errors': r.errors, 'guarded': hasattr(torch.compile, '__rocm_autopatch__')}))")
     doctor = [str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor", "--report",
               str(tmp_path / "missing.json")]
     cases = [([torch_venv.python, "-c", code], {"ROCM_AUTOPATCH": "bogus"}),

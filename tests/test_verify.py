@@ -211,7 +211,7 @@ def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> N
 
 def test_nonfinite_values_the_compiled_graph_introduces_are_flagged() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch import numerics
+    from rocm_autopatch.sentinel import numerics
 
     ref = torch.ones(4, 4)
     res = ref.clone()

@@ -1,6 +1,6 @@
 """Numerics: does a compiled graph compute what the same graph computes eagerly?
 
-The torch-facing machinery of the numerics sentinel (``verify`` owns the hook and the
+The torch-facing machinery of the numerics sentinel (``hook`` owns the hook and the
 policy). For one Dynamo graph and one call's inputs:
 
 - ``copy_graph``: the graph before Inductor takes it (``compile_fx`` may rewrite the graph

@@ -1,4 +1,4 @@
-"""The numerics sentinel: the one owner of ``torch._inductor.compile_fx.compile_fx``.
+"""The numerics sentinel's hook: the one owner of ``torch._inductor.compile_fx.compile_fx``.
 
 A compiled kernel that computes wrong numbers raises no error: on AMD GPUs it has shown
 as a model that scores 0 on an eval (vllm-project/vllm#28268), NaN (ROCm/pytorch#3150) or
@@ -22,19 +22,24 @@ module is not even imported. What is checked, skipped (and why), passed or faile
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 import types
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import compile_frame, log, record
+from rocm_autopatch import compile_frame, frames, log, patching, record, settings
+from rocm_autopatch.sentinel.status import (
+    ALL,
+    FAILED,
+    FELL_BACK,
+    NAME,
+    PASSED,
+    PENDING,
+    REF,
+    SKIPPED,
+)
 
-ENV = record.ENV_VERIFY
-ENV_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
-NAME = "numerics_sentinel"
-MODES = {"check": ("1", "check", "on", "true", "yes"), "fallback": ("fallback",)}
-REF = "vllm-project/vllm#28268, ROCm/pytorch#3150, pytorch#187401"
+ENV = settings.VERIFY
 # A check's extra memory (the float64 reference of the outputs and what torch's criterion
 # allocates to compare them; for the backward, float64 copies of the differentiable inputs
 # and the gradients) must fit in this share of the device's free memory.
@@ -46,41 +51,18 @@ HELD = ("the graph holds its module's parameters and buffers itself "
         "(torch._dynamo.config.inline_inbuilt_nn_modules off, the default on torch 2.4), so "
         "its compiled code cannot be run on copies of them")
 
-# Statuses of a graph.
-PENDING, PASSED, FAILED, FELL_BACK, SKIPPED = "pending", "passed", "failed", "fell back", \
-    "skipped"
-
 _lock = threading.RLock()
 _busy = threading.local()  # compile_fx calls itself (config patches): wrap the outermost
-_MARK = "_rocm_autopatch"
 
 
-def mode(raw: Optional[str] = None) -> str:
-    """``ROCM_AUTOPATCH_VERIFY`` -> "off", "check" or "fallback"; a bad value warns, checks."""
-    raw = os.environ.get(ENV, "") if raw is None else raw
-    value = raw.strip().lower()
-    if value in log.FALSE_WORDS:
-        return "off"
-    for name, words in MODES.items():
-        if value in words:
-            return name
-    log.warn_once(("env", ENV), f"{ENV}={raw!r} is not understood; accepted: check (or 1), "
-                  "fallback, 0/off. Using check (compiled results, with a warning for a "
-                  "graph that computes wrong numbers).")
-    return "check"
+def mode() -> str:
+    """``ROCM_AUTOPATCH_VERIFY`` -> "off", "check" or "fallback" (a bad value warns)."""
+    return log.setting(settings.VERIFY)
 
 
 def calls() -> int:
-    raw = os.environ.get(ENV_CALLS, "")
-    try:
-        value = int(raw.strip() or "1")
-        if value >= 1:
-            return value
-    except ValueError:
-        pass
-    log.warn_once(("env", ENV_CALLS), f"{ENV_CALLS}={raw!r} is not understood; accepted: an "
-                  "integer >= 1 (how many calls of each graph are checked). Using 1.")
-    return 1
+    """``ROCM_AUTOPATCH_VERIFY_CALLS``: how many calls of each graph are checked."""
+    return log.setting(settings.VERIFY_CALLS)
 
 
 def section() -> Dict[str, Any]:
@@ -89,8 +71,7 @@ def section() -> Dict[str, Any]:
         found = record.REPORT.verify
         if not found:
             found.update({"mode": "off", "calls": 0, "graphs": [],
-                          "totals": dict.fromkeys((PENDING, PASSED, FAILED, FELL_BACK,
-                                                   SKIPPED), 0)})
+                          "totals": dict.fromkeys(ALL, 0)})
         return found
 
 
@@ -106,7 +87,7 @@ class Graph:
         self.fast: Any = None  # what every call runs once the checks are over
         self.lock = threading.Lock()
         self.analysis: Any = None
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
@@ -150,21 +131,21 @@ class Graph:
 
     @functools.cached_property
     def placeholders(self) -> List[Any]:
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         return numerics.placeholders(self.gm)
 
     @functools.cached_property
     def eager_run(self) -> Any:
         """The graph run eagerly on its inputs followed by the tensors it holds itself."""
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         return numerics.bind_state(self.gm, self.gm, self.names)
 
     @functools.cached_property
     def fp64_run(self) -> Any:
         """The same, as the float64 reference."""
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         return numerics.bind_state(lambda *xs: numerics.run_fp64(self.gm, list(xs)), self.gm,
                                    self.names)
@@ -204,7 +185,7 @@ class Graph:
     def check(self, args: Tuple[Any, ...]) -> Any:
         import torch
 
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         flat, boxed = self.inputs(args)
         if flat is None:
@@ -276,7 +257,7 @@ class Graph:
         the call; what they only read is shared, never copied."""
         import torch
 
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
         inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
@@ -299,7 +280,7 @@ class Graph:
         accumulates into ``.grad``) and on copies of what it writes."""
         import torch
 
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         outs = [o for o in numerics.leaves(res) if isinstance(o, torch.Tensor)]
         if not any(o.requires_grad for o in outs):
@@ -343,7 +324,7 @@ class Graph:
                grad: bool, which: str) -> Any:
         import torch
 
-        from rocm_autopatch import numerics
+        from rocm_autopatch.sentinel import numerics
 
         what = self.entry["backward"] if m is None else _describe(m, outputs, self.gm)
         with record.LOCK:
@@ -374,7 +355,7 @@ class Graph:
 
 
 def _describe(m: Any, outputs: int, gm: Any) -> str:
-    from rocm_autopatch import numerics
+    from rocm_autopatch.sentinel import numerics
 
     if m.index < outputs:
         where = numerics.origin(gm, m.index)
@@ -398,7 +379,7 @@ def _grads(run: Any, flat: List[Any], pre: Dict[int, Any], wanted: List[int],
     in each output's dtype; the float64 run gets the same values."""
     import torch
 
-    from rocm_autopatch import numerics
+    from rocm_autopatch.sentinel import numerics
 
     inputs = []
     for i, x in enumerate(flat):
@@ -439,12 +420,11 @@ def _free_bytes(device: Any) -> Optional[int]:
 
 
 def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
-    @functools.wraps(original)
     def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_busy, "compiling", False):
             return original(model_, example_inputs_, *args, **kwargs)
         try:
-            from rocm_autopatch import numerics
+            from rocm_autopatch.sentinel import numerics
 
             gm = numerics.copy_graph(model_)
         except Exception:  # noqa: BLE001 - not a graph we can copy: compile, unwatched
@@ -474,7 +454,6 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
         run.__name__ = run.__qualname__ = getattr(compiled, "__name__", "compiled_graph")
         return run
 
-    setattr(compile_fx, _MARK, True)
     return compile_fx
 
 
@@ -484,11 +463,9 @@ def _where() -> str:
     where = compile_frame.current()
     if not where:
         return "<unknown frame>"
-    from rocm_autopatch import capture
-
-    label = record.frame_label(*where)
-    if capture.in_library(where[0]):
-        site = capture.user_site(libraries=True)
+    label = frames.label(*where)
+    if frames.in_library(where[0]):
+        site = frames.user_site(libraries=True)
         if site is not None:
             label += f", called at {site[0]}:{site[1]}"
     return label
@@ -501,29 +478,19 @@ def install(module: types.ModuleType) -> None:
         info = section()
         if how == "off":
             return
-        original = getattr(module, "compile_fx", None)
-        if getattr(original, _MARK, False):
-            return
-        if not callable(original):
-            record.REPORT.fixes[NAME] = {
-                "status": record.SKIPPED, "ref": REF,
-                "reason": "torch._inductor.compile_fx has no compile_fx here: nothing checked"}
+        if patching.ours(getattr(module, "compile_fx", None)):
             return
         checks = calls()
-        module.compile_fx = wrap_compile_fx(original, how, checks)
+        if patching.wrap(module, "compile_fx",
+                         lambda original: wrap_compile_fx(original, how, checks),
+                         like_original=True) is None:
+            record.fix(NAME, record.SKIPPED, "torch._inductor.compile_fx has no compile_fx "
+                       "here: nothing checked", REF)
+            return
         info.update(mode=how, calls=checks)
         then = ("returns eager's result and runs that graph eagerly from then on"
                 if how == "fallback" else "warns; results stay the compiled ones")
-        record.REPORT.fixes[NAME] = {
-            "status": record.APPLIED, "ref": REF,
-            "reason": f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
-                      "compared with eager against a float64 reference (torch's "
-                      f"torch._dynamo.utils.same); a graph that differs {then}"}
-
-
-def record_if_off() -> None:
-    """Say in the record that the sentinel is off, where nothing installed it."""
-    record.REPORT.fixes.setdefault(NAME, {
-        "status": "off", "ref": REF,
-        "reason": f"{ENV} is unset: compiled graphs are not compared with eager (check: warn "
-                  "about a graph that computes wrong numbers; fallback: also run it eagerly)"})
+        record.fix(NAME, record.APPLIED,
+                   f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
+                   "compared with eager against a float64 reference (torch's "
+                   f"torch._dynamo.utils.same); a graph that differs {then}", REF)

@@ -1,0 +1,196 @@
+"""The settings: every environment variable rocm-autopatch reads, declared once, typed.
+
+Each ``Variable`` gives the name, what it accepts, its default, one line of meaning and
+where it applies. ``read`` parses the environment's value and never raises: a bad value
+gives the value to use instead and the one warning to say (``log.setting`` says it, once).
+The README's variables table is made from this table (``markdown``; a test keeps them in
+step) and the doctor lists the variables set from it. Stdlib only, and it imports nothing
+of the package: every other module may read a setting.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+
+from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
+
+# The words of a yes/no variable (unset is no); INDUCTOR_<KEY> booleans take the same.
+TRUE_WORDS = ("1", "true", "on", "yes")
+FALSE_WORDS = ("0", "false", "off", "no")
+NONE_WORDS = ("none", "null")
+
+
+class Variable(NamedTuple):
+    name: str
+    parse: Callable[[str], Any]  # the stripped text -> the value; ValueError when bad
+    accepted: str  # what a user may write (the README's "values" column, warnings)
+    default: Any  # the value when unset or empty
+    meaning: str  # one line: what it does
+    applies: str  # where it takes effect (a process that imports torch, the doctor...)
+    if_bad: str = ""  # what happens instead of a bad value ("" = the default is used)
+
+
+def _words(table: Mapping[str, Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return table[text.lower()]
+        except KeyError:
+            raise ValueError(text) from None
+    return parse
+
+
+def _flag(text: str) -> bool:
+    low = text.lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    raise ValueError(text)
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isascii() or not text.isdigit() or int(text) < low:
+            raise ValueError(text)
+        return int(text)
+    return parse
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(text)
+    return value
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _rank(text: str) -> int:
+    """A process's rank as launchers write it: plain ASCII digits ("²" and "../x" are not)."""
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise ValueError(text)
+    return int(text)
+
+
+MODE = ENV_MODE
+PROFILE = "ROCM_AUTOPATCH_PROFILE"
+VERIFY = "ROCM_AUTOPATCH_VERIFY"
+VERIFY_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
+REPORT = "ROCM_AUTOPATCH_REPORT"
+ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
+COMPILE_IN_CAPTURE = "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE"
+WATCHDOG = "ROCM_AUTOPATCH_COMPILE_WATCHDOG"
+LOG = "ROCM_AUTOPATCH_LOG"
+KFD_TOPOLOGY = "ROCM_AUTOPATCH_KFD_TOPOLOGY"
+CGROUP_ROOT = "ROCM_AUTOPATCH_CGROUP_ROOT"
+OVERRIDE_PREFIX = "INDUCTOR_"  # INDUCTOR_<KEY>: typed by torch's config (overrides.py)
+KEEP_TUNING = OVERRIDE_PREFIX + "MAX_AUTOTUNE"
+# Read from the launcher's environment, not ours to document as knobs (not in the README).
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+PROFILE_NAMES = ("safe", "perf")
+LEVEL_NAMES = ("debug", "info", "warning", "error", "off")
+VERIFY_WORDS = {**dict.fromkeys(FALSE_WORDS, "off"),
+                **dict.fromkeys(("check",) + TRUE_WORDS, "check"), "fallback": "fallback"}
+
+VARIABLES: Tuple[Variable, ...] = (
+    Variable(MODE, _words({**dict.fromkeys(OFF_VALUES, "off"),
+                           **dict.fromkeys((v for v in AUTO_VALUES if v), "auto"),
+                           **dict.fromkeys(FORCE_VALUES, "force")}),
+             "unset/`1`/`on`/`auto`; `0`/`off`; `force`", "auto",
+             "ROCm builds only (default); off; any torch build (how we test on CPU and "
+             "NVIDIA)", "every Python process (start-up); applied at `import torch`",
+             "Using auto."),
+    Variable(PROFILE, _words({p: p for p in PROFILE_NAMES}), "`safe`, `perf` (default `safe`)",
+             "safe", "the tuning profile", "Inductor/Dynamo config at their import"),
+    Variable(VERIFY, _words(VERIFY_WORDS),
+             "unset/`0`/`off`; `check` (or `1`/`on`/`true`/`yes`); `fallback`", "off",
+             "compare compiled graphs with eager: warn; warn and run eagerly",
+             "every graph Inductor compiles",
+             "Using check (compiled results, with a warning for a graph that computes "
+             "wrong numbers)."),
+    Variable(VERIFY_CALLS, _at_least(1), "an integer >= 1 (default 1)", 1,
+             "calls of each graph checked", "the numerics sentinel"),
+    Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
+             "write a compile report per process at exit", "processes that compile"),
+    Variable(ALLOW_GRAPHS, _flag, "`1`/`0`", False, "keep Inductor CUDA graphs",
+             "the profile's graph keys and torch.compile's modes", "CUDA graphs stay off."),
+    Variable(COMPILE_IN_CAPTURE, _flag, "`1`/`0` (default)", False,
+             "`1`: torch's own behaviour for compiles that start during graph capture",
+             "frames compiled while a CUDA/HIP graph is captured",
+             "Compiles inside capture run eagerly (set 1 for torch's behaviour)."),
+    Variable(WATCHDOG, _seconds, "seconds (default `300`); `0` off", 300.0,
+             "warn once when a single compile runs longer", "every frame compile"),
+    Variable(LOG, _words({n: n for n in LEVEL_NAMES}),
+             "`debug`, `info`, `warning`, `error`, `off` (default `warning`)", "warning",
+             "how much it says on stderr (`info`: one summary line and the sentinel's "
+             "verdict; rank 0 only)", "our messages"),
+    Variable(KFD_TOPOLOGY, _text, "a directory", "",
+             "where the GPU architecture is read (tests point it at a fake)", "the probe"),
+    Variable(CGROUP_ROOT, _text, "a directory", "",
+             "where the CPU quota is read (tests point it at a fake)", "the probe"),
+    Variable(RANK, _rank, "a non-negative integer", None,
+             "this process's rank (set by torchrun, Slurm wrappers, accelerate)",
+             "rank-0-only messages, `{rank}` in the report path",
+             "It is not used: messages come as from any rank, the report is named by pid."),
+    Variable(LOCAL_RANK, _rank, "a non-negative integer", None,
+             "this process's rank on its host", "as RANK, where RANK is unset",
+             "It is not used."),
+    Variable(WORLD_SIZE, _rank, "a non-negative integer", None,
+             "how many ranks the job has", "the compile report", "It is not used."),
+    Variable(TORCH_AUTOLOAD, _text, "`1` (torch's default) or anything else", "1",
+             "torch's backend autoload (torch >= 2.5): rocm-autopatch's second start-up "
+             "path", "`import torch`"),
+)
+def override_var(key: str) -> str:
+    """The variable for Inductor ``key``: triton.cudagraphs -> INDUCTOR_TRITON__CUDAGRAPHS."""
+    return OVERRIDE_PREFIX + key.upper().replace(".", "__")
+
+
+BY_NAME: Dict[str, Variable] = {v.name: v for v in VARIABLES}
+# Ours to document (the README's table): every ROCM_AUTOPATCH_* variable.
+OURS = tuple(v for v in VARIABLES if v.name.startswith(MODE))
+
+
+class Reading(NamedTuple):
+    value: Any
+    raw: Optional[str]  # as set in the environment; None when unset
+    problem: str = ""  # the warning to give for a bad value ("" when good or unset)
+
+
+def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Reading:
+    """``name``'s value from the environment, parsed; never raises."""
+    var = BY_NAME[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    text = (raw or "").strip()
+    if not text:
+        return Reading(var.default, raw)
+    try:
+        return Reading(var.parse(text), raw)
+    except (ValueError, OverflowError):
+        instead = var.if_bad or f"Using {var.default!r}."
+        return Reading(var.default, raw, f"{name}={raw!r} is not understood; accepted: "
+                       f"{var.accepted.replace('`', '')}. {instead}")
+
+
+def torch_autoload(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Will torch (>= 2.5) run its backend autoload? Its own rule, to the letter
+    (``torch/__init__.py`` ``_is_device_backend_autoload_enabled``: unset or exactly "1")."""
+    return (os.environ if environ is None else environ).get(TORCH_AUTOLOAD, "1") == "1"
+
+
+def markdown() -> str:
+    """The README's variables table, made from ``VARIABLES``."""
+    rows = ["| variable | values | meaning |", "| --- | --- | --- |"]
+    for var in OURS:
+        rows.append(f"| `{var.name}` | {var.accepted} | {var.meaning} |")
+    rows.append(f"| `{OVERRIDE_PREFIX}<KEY>` | by the key's type | set any Inductor config "
+                f"key; `{KEEP_TUNING}=1` also keeps autotuning asked for in code |")
+    return "\n".join(rows)
