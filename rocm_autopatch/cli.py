@@ -30,19 +30,33 @@ RED_FLAGS: Dict[str, str] = {
     "TORCHINDUCTOR_MEMORY_PLANNING": "memory planning, off by default in torch (no public "
     "report of a failure)",
 }
-AUDIT_PATTERN = ("TORCH", "INDUCTOR", "AUTOTUNE", "COMPILE", "TRITON", "OMP", "MKL",
-                 "ROCM_AUTOPATCH")
+# A variable is audited when one of the words of its name (split at "_") is one of these,
+# or it is ours: whole words, so VIRTUAL_ENV_PROMPT is not an OMP variable.
+AUDIT_WORDS = frozenset(("TORCH", "PYTORCH", "TORCHINDUCTOR", "TORCHDYNAMO", "INDUCTOR",
+                         "AUTOTUNE", "TRITON", "OMP", "MKL"))
 
 
-def environment_audit(report: Dict[str, Any]) -> List[Dict[str, Any]]:
+def audited(name: str) -> bool:
+    return name.startswith(settings.MODE) or not AUDIT_WORDS.isdisjoint(
+        name.upper().split("_"))
+
+
+def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
+                      ) -> List[Dict[str, Any]]:
+    """The variables that matter here, as the user's shell set them (``environ`` is read
+    before torch is imported: torch sets some itself, TORCHINDUCTOR_CACHE_DIR among them)."""
     config = {c["key"]: c for c in report.get("config", [])}
     key_of = {var: setting.key for setting in profiles.SAFE for var in setting.env}
     rows = []
-    for var in sorted(os.environ):
-        if not any(p in var.upper() for p in AUDIT_PATTERN):
+    for var in sorted(environ):
+        if not audited(var):
             continue
-        value = os.environ[var]
+        value = environ[var]
         row: Dict[str, Any] = {"name": var, "value": value, "flag": "ok", "note": ""}
+        if var in settings.BY_NAME:  # ours: what it means, and a bad value flagged
+            found = settings.read(var, environ)
+            row["note"] = found.problem or settings.BY_NAME[var].meaning
+            row["flag"] = "red" if found.problem else "ok"
         why = RED_FLAGS.get(var)
         if why and value.strip() == "1" and not (
                 report.get("platform") not in ("rocm", "unknown") and not report.get("forced")):
@@ -65,6 +79,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
         os.environ[settings.PROFILE] = profile  # this process only
     from rocm_autopatch import bootstrap, installation, probe, record
 
+    environ = dict(os.environ)  # as the shell set it: torch's import adds variables
     data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
     bootstrap.start("doctor")  # where the .pth already ran: recorded, nothing more
     try:
@@ -87,9 +102,17 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["report"] = report
     data["gpus"] = probe.gpu_archs()
     data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
-    data["environment"] = environment_audit(report)
+    data["environment"] = environment_audit(report, environ)
     data["left_out"] = profiles.LEFT_OUT
-    data["healthy"] = not any(r["flag"] == "red" for r in data["environment"])
+    data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
+                         if r["flag"] == "red"]
+    if "torch_error" in data:
+        data["red_flags"].insert(0, (
+            f"torch cannot be imported by this Python ({sys.executable}): "
+            f"{data['torch_error']}. rocm-autopatch acts on the torch of the environment it is "
+            "installed in: install it where your torch is (that environment's pip), or "
+            "install torch here"))
+    data["healthy"] = not data["red_flags"]
     return data
 
 
@@ -152,7 +175,7 @@ def _human(data: Dict[str, Any]) -> str:
         if row["note"]:
             out.append(f"      {row['note']}")
     if not data["environment"]:
-        out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL variables set)")
+        out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL or ROCM_AUTOPATCH variables set)")
     out += ["", "Configuration (key: before -> after, source, status)"]
     if not r["active"]:
         out.append("  nothing applied: torch's own configuration is in use")
@@ -188,7 +211,9 @@ def _human(data: Dict[str, Any]) -> str:
         out.append(f"  ran eagerly during graph capture x{count}: {where}")
     for err in r["errors"]:
         out.append(f"  ERROR {err}")
-    out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see Environment)"]
+    if "torch_error" in data:
+        out += ["", f"! {data['red_flags'][0]}"]
+    out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see above)"]
     return "\n".join(fit(line) for line in out) + "\n"
 
 

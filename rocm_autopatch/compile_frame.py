@@ -101,6 +101,8 @@ def install(convert_frame: types.ModuleType) -> None:
             capture.install_capture_end_hook(torch)
         skip_rng = capture.torch_version(torch) < capture.FIXED_IN
         seconds = watchdog.install()
+        if record.COMPILE is not None:
+            record.COMPILE.watch(convert_frame)
         patching.wrap(convert_frame, "_compile", lambda found: make_wrapper(
             torch, found, eager=eager, decline=decline, skip_rng=skip_rng, seconds=seconds,
             observe=record.COMPILE))

@@ -47,10 +47,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import compile_frame, frames, log, record, settings
+from rocm_autopatch import compile_frame, frames, log, patching, record, report_schema, settings
 
 ENV = settings.REPORT
-SCHEMA = 2
+SCHEMA = report_schema.SCHEMA
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
 # "<pid> <path>" of the first process that armed the report, inherited by its children.
 _CLAIM = "_ROCM_AUTOPATCH_REPORT_CLAIM"
@@ -63,6 +63,20 @@ _BREAK_AT = re.compile(r"[Gg]raph break.*? in user code at (.+?):(\d+)\s*$", re.
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 
 _lock = threading.Lock()
+# torch's function that finds a recompile's guard failures (its name per release).
+RECOMPILE_REASONS = ("get_and_maybe_log_recompilation_reasons",
+                     "get_and_maybe_log_recompilation_reason")
+_reasons = threading.local()  # what it returned in this thread's compile
+
+
+def _all_reasons() -> str:
+    found = getattr(_reasons, "found", None)
+    _reasons.found = None
+    if isinstance(found, str):
+        return found
+    if isinstance(found, (list, tuple)):
+        return "\n".join(str(r) for r in found if r)
+    return ""
 
 
 def _lines(text: Any, limit: int = TEXT_LIMIT) -> str:
@@ -214,9 +228,25 @@ class Collector:
             if compile_id and compile_id not in slot["compile_ids"]:
                 slot["compile_ids"].append(compile_id)
 
+    def watch(self, convert_frame: Any) -> None:
+        """Every guard failure of a recompile, as ``TORCH_LOGS=recompiles`` prints them:
+        the list torch's ``get_and_maybe_log_recompilation_reasons`` returns, one reason per
+        cache entry. torch's CompilationMetrics keep only the first (``reasons[0]`` in
+        ``torch/_dynamo/convert_frame.py``), which loses a guard such as ``input_ids``'s."""
+        for name in RECOMPILE_REASONS:
+            def make(original: Any) -> Any:
+                def reasons(*args: Any, **kwargs: Any) -> Any:
+                    found = original(*args, **kwargs)
+                    _reasons.found = found
+                    return found
+                return reasons
+            if patching.wrap(convert_frame, name, make) is not None:
+                return
+
     def begin(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[bool, str]:
         """(torch calls this compile a recompilation, its compile id)."""
         self.listen()
+        _reasons.found = None
         bound = _bind(args, kwargs)
         compile_id = str(bound.get("compile_id") or "")
         again = False
@@ -252,7 +282,7 @@ class Collector:
             frame["seconds"] += seconds
             frame["max_seconds"] = max(frame["max_seconds"], seconds)
             if again:
-                reason = getattr(newest, "recompile_reason", None)
+                reason = _all_reasons() or getattr(newest, "recompile_reason", None)
                 known = hasattr(getattr(_torch_utils(), "CompilationMetrics", None),
                                 "recompile_reason")
                 text = (_lines(reason) if reason else "not stated by torch" if known else
@@ -316,7 +346,6 @@ class Collector:
                     getattr(_torch_utils(), "CompilationMetrics", None), "is_forward"):
                 unknown["backward"] = "this torch does not record backward compiles apart"
             backward_seconds = sum(b["seconds"] for b in self.backward.values())
-            frames = sorted(self.frames.values(), key=lambda f: -f["seconds"])
             breaks = sorted(self.breaks.values(), key=lambda b: -b["count"])
             recompiles = sorted(self.recompiles.items(), key=lambda kv: -kv[1])
             section = {
@@ -341,9 +370,7 @@ class Collector:
                                         for w, c in sorted(self.limit_hits.items())],
                 "failed": [{"where": w, "error": e, "count": c}
                            for (w, e), c in sorted(self.failures.items())],
-                "slowest_frames": [{**f, "seconds": round(f["seconds"], 3),
-                                    "max_seconds": round(f["max_seconds"], 3)}
-                                   for f in frames[:TOP]],
+                "slowest_frames": self._slowest(),
             }
         with record.LOCK:
             eager = dict(record.REPORT.eager_in_capture)
@@ -365,34 +392,54 @@ class Collector:
         section["unknown"] = unknown
         return section
 
+    def _slowest(self) -> List[Dict[str, Any]]:
+        """The frames that took longest to compile, their backward compiles included (AOT
+        autograd compiles a frame's backward at its first ``backward()``)."""
+        rows = []
+        for f in self.frames.values():
+            back = self.backward.get(f["where"], {}).get("seconds", 0.0)
+            rows.append({**f, "seconds": round(f["seconds"] + back, 3),
+                         "forward_seconds": round(f["seconds"], 3),
+                         "backward_seconds": round(back, 3),
+                         "max_seconds": round(f["max_seconds"], 3)})
+        return sorted(rows, key=lambda f: -f["seconds"])[:TOP]
+
     def path(self) -> str:
+        """Where this process writes: the template's path, or ``.<pid>`` before its
+        extension where a parent process of this run armed the same path first."""
         pid = str(os.getpid())
         path = self.template.replace("{rank}", rank() or pid).replace("{pid}", pid)
         claimer, _, claimed = os.environ.get(_CLAIM, "").partition(" ")
-        taken = claimer and claimer != pid and claimed == path  # a child would take its name
-        if taken or self._written_by_another(path):
-            stem, ext = os.path.splitext(path)
-            path = f"{stem}.{pid}{ext}"
+        if claimer and claimer != pid and claimed == path:  # a child would take its name
+            path = _beside(path, pid)
         return path
 
-    def _written_by_another(self, path: str) -> bool:
-        """Another process of this run wrote ``path`` since this one started (a child that
-        imported torch after its fork arms without its parent's claim): not a file left by
-        an earlier run, which is replaced."""
-        try:
-            if os.stat(path).st_mtime < self.started:
-                return False
-            with open(path) as fh:
-                return json.load(fh).get("process", {}).get("pid") != os.getpid()
-        except (OSError, ValueError, AttributeError):
-            return False
+    def place(self, path: str, text: str) -> str:
+        """Write ``text`` to ``path``, unless another process wrote ``path`` while this one
+        ran (a parent that imported torch after forking this child, two processes that
+        srun or a shell started with one path): then beside it, ``.<pid>``, and one
+        warning names both writers. Serialised per directory (``flock``), so that two
+        writers never both decide the path is free. The path where it went."""
+        with _directory_lock(os.path.dirname(path) or "."):
+            other = _writer_during(path, _process_start() or self.started)
+            if other is not None:
+                mine = _beside(path, str(os.getpid()))
+                write_atomically(mine, text)
+                log.warn_once(("compile_report", "shared"),
+                              f"{ENV}: {path} was written by {other} while this process "
+                              f"(pid {os.getpid()}, {' '.join(sys.argv)[:80]}) ran: both "
+                              f"are kept, this one as {mine}. Put {{rank}} or {{pid}} in "
+                              f"{ENV} to give each process its own file.")
+                return mine
+            write_atomically(path, text)
+            return path
 
     def document(self) -> Dict[str, Any]:
         with record.LOCK:
             data = record.REPORT.to_dict()
         return {
             "schema": SCHEMA,
-            "process": {"pid": os.getpid(), "rank": rank(),
+            "process": {"pid": os.getpid(), "rank": rank(), "forked_from": _parent_in_run(),
                         "local_rank": _number(settings.LOCAL_RANK),
                         "world_size": _number(settings.WORLD_SIZE),
                         "host": os.uname().nodename, "argv": list(sys.argv),
@@ -413,7 +460,7 @@ class Collector:
         try:
             path = self.path()
             document = self.document()
-            write_atomically(path, json.dumps(document, indent=1, default=repr))
+            path = self.place(path, json.dumps(document, indent=1, default=repr))
         except Exception as exc:  # noqa: BLE001 - never at exit
             try:
                 log.warn_once(("compile_report", "write"),
@@ -439,6 +486,71 @@ class Collector:
                         "renders it)")
         except Exception:  # noqa: BLE001
             pass
+
+
+def _parent_in_run() -> Optional[int]:
+    """The pid of the process of this run that armed the report first, where that is not
+    this one (this one is its child: a fork, a multiprocessing worker); else None."""
+    claimer = os.environ.get(_CLAIM, "").partition(" ")[0]
+    return int(claimer) if claimer.isdigit() and int(claimer) != os.getpid() else None
+
+
+def _beside(path: str, pid: str) -> str:
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.{pid}{ext}"
+
+
+def _process_start() -> Optional[float]:
+    """When this process started (Linux: /proc/self/stat's start time after boot); None
+    where it cannot be read."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _writer_during(path: str, since: float) -> Optional[str]:
+    """"pid N (argv)" of another process that wrote the report at ``path`` at ``since`` or
+    later; None where there is none (no file, ours, or one left by an earlier run)."""
+    try:
+        if os.stat(path).st_mtime < since - 0.02:  # a clock tick
+            return None
+        with open(path) as fh:
+            process = json.load(fh).get("process", {})
+        if process.get("pid") == os.getpid():
+            return None
+        argv = " ".join(str(a) for a in process.get("argv") or [])[:80]
+        return f"pid {process.get('pid', '?')} ({argv})"
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+class _directory_lock:
+    """An exclusive ``flock`` on a directory for the time of one report write; nothing
+    where it cannot be had (no fcntl, a file system without locks)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> None:
+        try:
+            import fcntl
+
+            os.makedirs(self.directory, exist_ok=True)
+            self.fd = os.open(self.directory, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except Exception:  # noqa: BLE001 - a lock we cannot have: write unserialised
+            self.__exit__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -58,12 +58,15 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
         return True
 
 
-def on_torch(torch: ModuleType) -> None:
+def on_torch(torch: ModuleType) -> Optional[str]:
+    if getattr(torch, "version", None) is None or "compile" not in vars(torch):
+        return importhook.LATER  # its body has not run yet (importlib.util.LazyLoader)
     if not decide(torch):
-        return
+        return None
     from rocm_autopatch import compile_guard
 
     compile_guard.install(torch)
+    return None
 
 
 def _configure(module: ModuleType, namespace: str) -> None:

@@ -14,7 +14,7 @@ from time import perf_counter
 TYPE_CHECKING = False  # typing/threading cost ~11 ms at start-up; annotations are strings
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any, Callable, Dict, Optional, Sequence
+    from typing import Any, Callable, Dict, List, Optional, Sequence
 
     Callback = Callable[[ModuleType], None]
 
@@ -42,18 +42,26 @@ def _report_failure(name: str, target: str, exc: BaseException) -> None:
 
 # Seconds spent in each callback, our modules' imports included (doctor, benchmarks).
 timings: "Dict[str, float]" = {}
+# What a callback returns when its module is not complete yet: it is asked again later. A
+# module loaded through ``importlib.util.LazyLoader`` runs its body at its first attribute
+# access, and looks imported (in sys.modules, not initialising) before it has.
+LATER = "later"
 
 
-def fire(name: str, module: "ModuleType", targets: "Sequence[str]") -> None:
-    """Run each callback for ``module``; a failing one is recorded, the rest still run."""
+def fire(name: str, module: "ModuleType", targets: "Sequence[str]") -> "List[str]":
+    """Run each callback for ``module``; a failing one is recorded, the rest still run.
+    The callbacks that answered ``LATER``."""
+    later = []
     for target in targets:
         start = perf_counter()
         try:
-            _resolve(target)(module)
+            if _resolve(target)(module) == LATER:
+                later.append(target)
         except Exception as exc:  # noqa: BLE001 - see _report_failure
             _report_failure(name, target, exc)
         finally:
             timings[target] = timings.get(target, 0.0) + perf_counter() - start
+    return later
 
 
 class _HookedLoader:
@@ -146,7 +154,9 @@ class PostImportFinder:
                 continue
             targets = self.deferred.pop(name, None)
             if targets is not None:
-                fire(name, module, targets)
+                later = fire(name, module, targets)
+                if later:
+                    self.deferred[name] = later
 
     def module_loaded(self, name: str, module: "ModuleType") -> None:
         fire(name, module, self.hooks.get(name, ()))
@@ -156,7 +166,9 @@ class PostImportFinder:
         for name, targets in list(self.hooks.items()):
             module = sys.modules.get(name)
             if module is not None:
-                fire(name, module, targets)
+                later = fire(name, module, targets)
+                if later:
+                    self.deferred[name] = later
 
 
 def deactivate(finder: "Optional[PostImportFinder]") -> None:

@@ -102,6 +102,14 @@ def summary(message: str) -> None:
         get_logger().info(message)
 
 
+def notice(message: str) -> None:
+    """A line the user asked for by turning a feature on (the sentinel's verdict at exit):
+    shown at the default level and above it, not with ``ROCM_AUTOPATCH_LOG=error``/``off``;
+    rank 0 only; kept in the record with the warnings."""
+    if get_logger().isEnabledFor(logging.WARNING) and is_rank_zero():
+        say(f"rocm-autopatch: {message}\n")
+
+
 def hook_failed(module_name: str, target: str, exc: BaseException) -> None:
     """A hook of ours raised: recorded, said once; the rest of rocm-autopatch still runs."""
     message = f"{target} (on import of {module_name}) failed: {exc!r}"

@@ -13,71 +13,18 @@ is shown; an unreadable one is named, and only when none is readable is that an 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch import compile_report
+from rocm_autopatch import compile_report, report_schema
 from rocm_autopatch.sentinel import status
 from rocm_autopatch.text import Verbatim, keep
 
-SCHEMAS = (1, 2)  # 1: before graph breaks came from torch's log (no hints, no backward)
-
-
-class ReportError(Exception):
-    """A file that is not a readable compile report."""
-
-
-def _dict(value: Any, what: str) -> Dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ReportError(f"{what} is not an object")
-    return value
-
-
-def _list(value: Any, what: str) -> List[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise ReportError(f"{what} is not a list of objects")
-    return value
+ReportError = report_schema.ReportError
 
 
 def normalise(data: Any) -> Dict[str, Any]:
     """A report with every section the view reads present and of the right type."""
-    if not isinstance(data, dict) or "compile" not in data or "process" not in data:
-        raise ReportError(f"not a compile report (written with {compile_report.ENV}=PATH)")
-    schema = data.get("schema")
-    if schema not in SCHEMAS:
-        raise ReportError(f"report schema {schema!r}: this rocm-autopatch reads "
-                          f"{', '.join(map(str, SCHEMAS))}")
-    process = _dict(data["process"], "process")
-    c = _dict(data["compile"], "compile")
-    pid = process.get("pid")
-    out = {**data, "process": {**process, "pid": pid if isinstance(pid, int) else "?"}}
-    sections = {}
-    for key in ("graph_breaks", "recompiles"):
-        part = _dict(c.get(key), f"compile.{key}")
-        sections[key] = {"total": part.get("total"),
-                         "top": _list(part.get("top"), f"compile.{key}.top")}
-    cache = _dict(c.get("cache"), "compile.cache")
-    eager = _dict(c.get("eager_in_capture"), "compile.eager_in_capture")
-    out["compile"] = {
-        **c, **sections, "cache": cache,
-        "frames": c.get("frames"), "graphs": c.get("graphs"),
-        "seconds": c.get("seconds") if isinstance(c.get("seconds"), (int, float)) else None,
-        "backward": _dict(c.get("backward"), "compile.backward"),
-        "recompile_limit_hit": _list(c.get("recompile_limit_hit"),
-                                     "compile.recompile_limit_hit"),
-        "failed": _list(c.get("failed"), "compile.failed"),
-        "slowest_frames": _list(c.get("slowest_frames"), "compile.slowest_frames"),
-        "eager_in_capture": {"total": eager.get("total", 0)},
-        "watchdog_warnings": c.get("watchdog_warnings") or [],
-        "unknown": _dict(c.get("unknown"), "compile.unknown"),
-    }
-    verify_ = _dict(data.get("verify"), "verify")
-    out["verify"] = {**verify_, "graphs": _list(verify_.get("graphs"), "verify.graphs")}
-    out["errors"] = [str(e) for e in (data.get("errors") or [])]
-    return out
+    return report_schema.read(data, compile_report.ENV)
 
 
 def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -99,9 +46,18 @@ def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
     return sorted(reports, key=_order), problems
 
 
-def _order(report: Dict[str, Any]) -> Tuple[int, str, str]:
+def _rank(report: Dict[str, Any]) -> Optional[int]:
+    """The process's rank in its job; None for a process that is not a rank (no rank, a
+    value that is not one, or a child forked by a rank: it inherits its parent's)."""
     rank = report["process"].get("rank")
-    number = int(rank) if isinstance(rank, str) and rank.isdigit() else 1 << 30
+    if report["process"].get("forked_from") is not None:
+        return None
+    return int(rank) if isinstance(rank, str) and rank.isascii() and rank.isdigit() else None
+
+
+def _order(report: Dict[str, Any]) -> Tuple[int, str, str]:
+    rank = _rank(report)
+    number = rank if rank is not None else 1 << 30
     return number, str(report["process"].get("host", "")), str(report["process"]["pid"])
 
 
@@ -128,7 +84,15 @@ def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, s
 
 
 def diverging(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Recompiles and frames seen in some processes but not all (one process: none)."""
+    """Recompiles and frames seen in some ranks of a job but not all. Only ranks are
+    compared, one process per rank: a parent and its forked child, or processes without a
+    rank, are not ranks of a job and do not diverge from one another."""
+    ranks: Dict[int, Dict[str, Any]] = {}
+    for report in reports:
+        rank = _rank(report)
+        if rank is not None:
+            ranks.setdefault(rank, report)
+    reports = [ranks[r] for r in sorted(ranks)]
     if len(reports) < 2:
         return []
     everyone = [_label(r) for r in reports]
@@ -164,6 +128,10 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
                          "changing shapes)")
         for error in report["errors"]:
             flags.append(f"{_label(report)}: rocm-autopatch hook failed: {error}")
+        for failed in report["compile"]["failed"]:
+            flags.append(f"{_label(report)}: {mark(str(failed.get('where', '?')))} "
+                         f"{mark('failed to compile')} x{failed.get('count', '?')}: "
+                         f"{str(failed.get('error', ''))[:300]}")
         for graph in report["verify"]["graphs"]:
             if graph.get("status") in status.WRONG:
                 flags.append(f"{_label(report)}: graph {graph.get('graph', '?')} of "
@@ -171,6 +139,14 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
                              f"{mark('computes wrong numbers')} when compiled "
                              f"({graph['status']}): {graph.get('reason', '')}")
     return flags
+
+
+def _diverged(d: Dict[str, Any]) -> str:
+    if d["what"] == "recompile":
+        return (f"ranks diverge: {d['where']} recompiled in {', '.join(d['processes'])} only "
+                "(ranks that compile different graphs can hang collectives)")
+    return (f"ranks diverge: {d['where']} compiled a different number of times "
+            f"({d['reason']})")
 
 
 def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -210,14 +186,14 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
             "active": report.get("active"), "frames": c["frames"], "graphs": c["graphs"],
             "graph_breaks": c["graph_breaks"]["total"], "recompiles": c["recompiles"]["total"],
             "seconds": c["seconds"], "backward_compiles": c["backward"].get("compiles"),
-            "eager_in_capture": c["eager_in_capture"]["total"],
+            "eager_in_capture": c["eager_in_capture"].get("total", 0),
             "watchdog_warnings": len(c["watchdog_warnings"]), "cache": c["cache"],
             "unknown": c["unknown"], "verify": _numerics(report),
         })
     slowest = sorted(((f, _label(r)) for r in reports for f in r["compile"]["slowest_frames"]
                       if isinstance(f.get("seconds"), (int, float))),
                      key=lambda pair: -pair[0]["seconds"])
-    flags = red_flags(reports)
+    flags = red_flags(reports) + [_diverged(d) for d in diverging(reports)]
     return {
         "processes": processes,
         "unreadable": list(problems),
@@ -283,7 +259,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
         out += [f"      {line.strip()}" for line in str(e["reason"]).splitlines()[:6]]
     if not view["recompiles"]:
         out.append("  none")
-    if len(procs) > 1:
+    if sum(_rank(r) is not None for r in reports) > 1:
         out += ["", "Where ranks diverge (a rank that recompiles alone can hang collectives)"]
         for d in view["diverging"][:compile_report.TOP]:
             if d["what"] == "recompile":
@@ -295,14 +271,15 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                 out.append(f"  compiled a different number of times ({d['reason']}):")
                 out.append(Verbatim(f"      {d['where']}"))
         if not view["diverging"]:
-            out.append("  none: every process compiled the same frames the same number of "
-                       "times")
-    out += ["", "Slowest frames (seconds compiling, compiles)"]
+            out.append("  none: every rank compiled the same frames the same number of times")
+    out += ["", "Slowest frames (seconds compiling, forward and backward; compiles)"]
     for f in view["slowest_frames"]:
+        back = f.get("backward_seconds")
         out.append(Verbatim(f"  {f['seconds']:>8.2f} s x{f.get('compiles', '?')} "
-                            f"[{f['process']}] {f.get('where', '?')}"))
+                            f"[{f['process']}] {f.get('where', '?')}"
+                            + (f" (backward {back:.2f} s)" if back else "")))
     if not view["slowest_frames"]:
         out.append("  none")
-    flags = red_flags(reports, mark=keep)
+    flags = red_flags(reports, mark=keep) + [_diverged(d) for d in view["diverging"]]
     out += [""] + ([f"! {flag}" for flag in flags] or ["healthy"])
     return out

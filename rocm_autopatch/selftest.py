@@ -29,6 +29,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from _rocm_autopatch_start import say
+
 CHECKS = ("compile", "capture", "numerics")
 LIMIT_S = 240  # per check: the whole run stays within a few minutes
 HOSTILE = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1", "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "1"}
@@ -199,6 +201,17 @@ def _machine() -> Dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(), **found}
 
 
+def machine_line(m: Dict[str, Any]) -> str:
+    """"  torch 2.11.0 (CUDA 12.8); GPU: NVIDIA H100 80GB HBM3", with the architecture in
+    parentheses where it says more than the name (gfx942). On CUDA builds torch fills
+    ``gcnArchName`` with the device's name: it is said once."""
+    build = (f"HIP {m['hip']}" if m.get("hip") else f"CUDA {m['cuda']}" if m.get("cuda")
+             else "CPU")
+    arch = m.get("arch") if m.get("arch") and m.get("arch") != m.get("gpu") else ""
+    return (f"  torch {m.get('torch')} ({build}); GPU: {m.get('gpu') or 'none'}"
+            + (f" ({arch})" if arch else ""))
+
+
 def _env(extra: Dict[str, str]) -> Dict[str, str]:
     # Applied whatever the build (on ROCm, force is what auto does): the JSON says so.
     return {**os.environ, "ROCM_AUTOPATCH": "force", **extra}
@@ -231,17 +244,19 @@ def _verdict(result: Dict[str, Any]) -> str:
 def main(json_path: Optional[str], checks: List[str]) -> int:
     from rocm_autopatch import __version__
 
+    path = os.path.abspath(json_path or "rocm-autopatch-selftest.json")
+    if os.path.isdir(path):  # said before minutes of checks, not after
+        say(f"rocm-autopatch selftest: --json {json_path}: that is a directory; give the "
+            "path of a file to write (its directory is created if missing)\n")
+        return 2
     print("rocm-autopatch selftest: each check in its own process, at most "
           f"{LIMIT_S} s each", flush=True)
     m = _machine()
-    build = (f"HIP {m['hip']}" if m.get("hip") else f"CUDA {m['cuda']}" if m.get("cuda")
-             else "CPU")
     document: Dict[str, Any] = {
         "rocm_autopatch": __version__, "machine": m, "checks": {},
         "applied_with": "ROCM_AUTOPATCH=force" + ("" if m.get("hip") else
                                                   " (not a ROCm build: forced, as in tests)")}
-    print(f"  torch {m.get('torch')} ({build}); GPU: {m.get('gpu') or 'none'}"
-          f"{' ' + m['arch'] if m.get('arch') else ''}", flush=True)
+    print(machine_line(m), flush=True)
     for name in checks:
         result = run_check(name)
         document["checks"][name] = result
@@ -250,9 +265,16 @@ def main(json_path: Optional[str], checks: List[str]) -> int:
               + (f"  {why}" if why else ""), flush=True)
     ran = [r for r in document["checks"].values() if r.get("ok") is not None]
     document["passed"] = bool(ran) and all(r["ok"] for r in ran)
-    path = json_path or "rocm-autopatch-selftest.json"
-    with open(path, "w") as fh:
-        json.dump(document, fh, indent=1, default=repr)
+    text = json.dumps(document, indent=1, default=repr)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+    except OSError as exc:  # the results are not lost: they go to stdout instead
+        say(f"rocm-autopatch selftest: cannot write {path}: {exc.strerror or exc}; the "
+            "results follow on stdout\n")
+        print(text)
+        path = "stdout"
     print(f"{'passed' if document['passed'] else 'FAILED'}; details: {path} (attach it to an "
           "issue, with `rocm-autopatch doctor --json`)")
     return 0 if document["passed"] else 1

@@ -130,8 +130,9 @@ VARIABLES: Tuple[Variable, ...] = (
              "warn once when a single compile runs longer", "every frame compile"),
     Variable(LOG, _words({n: n for n in LEVEL_NAMES}),
              "`debug`, `info`, `warning`, `error`, `off` (default `warning`)", "warning",
-             "how much it says on stderr (`info`: one summary line and the sentinel's "
-             "verdict; rank 0 only)", "our messages"),
+             "how much it says on stderr (default: warnings, and the sentinel's verdict when "
+             "it is on; `info`: a summary line too, rank 0 only; `error`/`off`: neither)",
+             "our messages"),
     Variable(KFD_TOPOLOGY, _text, "a directory", "",
              "where the GPU architecture is read (tests point it at a fake)", "the probe"),
     Variable(CGROUP_ROOT, _text, "a directory", "",

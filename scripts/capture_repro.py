@@ -59,6 +59,7 @@ torch.cuda.set_rng_state = set_rng_state
 
 BACKEND = sys.argv[1] if len(sys.argv) > 1 else "aot_eager"
 installed = cf._compile
+installed_by_hook = compile_frame.installed(cf) is not None
 original = getattr(installed, "__wrapped__", installed)
 
 
@@ -86,7 +87,7 @@ outside = compile_once(capturing=False, fixed=True)
 reads_outside = STATE["rng_reads"] - reads_before
 result = {
     "torch": torch.__version__,
-    "installed_by_hook": compile_frame.installed(cf) is not None,
+    "installed_by_hook": installed_by_hook,
     "layout": capture.layout(cf),
     "fix": record.REPORT.fixes.get(capture.FIX),
     "outside_capture_with_fix": outside,

@@ -165,6 +165,7 @@ print(json.dumps({"raised": raised}))
     ("2.13.0+cpu", (2, 13)), ("2.11.0a0+git1234", (2, 11)), ("2.9.1+rocm6.4", (2, 9)),
     ("10.2rc1", (10, 2)), ("2", (0, 0)), ("", (0, 0)), ("v2.13", (0, 0)), ("2.x", (0, 0)),
 ])
+@pytest.mark.fast
 def test_torch_version_is_read_from_release_strings(version: str, expected: tuple) -> None:
     """Which builds need the RNG fix is decided from this (the fix is needed below 2.10)."""
     assert capture.torch_version(types.SimpleNamespace(__version__=version)) == expected

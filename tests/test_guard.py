@@ -128,6 +128,7 @@ out = check(f)
     {"options": {"guard_filter_fn": print}},           # an option we don't know: untouched
     {"mode": "default", "recompile_limit": 4},          # newer kwargs pass through
 ])
+@pytest.mark.fast
 def test_rewrite_leaves_other_backends_and_modes_alone(kwargs: dict) -> None:
     for allowed in (compile_guard.Policy(False, False), compile_guard.Policy(False, True)):
         assert compile_guard.rewrite(kwargs, allowed) is None
@@ -154,6 +155,7 @@ TABLE = [
 
 
 @pytest.mark.parametrize("asked, allowed, gets, removed", TABLE)
+@pytest.mark.fast
 def test_rewrite_table(asked: dict, allowed, gets: dict, removed: tuple) -> None:
     assert compile_guard.rewrite(asked, allowed) == (gets, removed)
 

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from rocm_autopatch import overrides, probe
 
+pytestmark = pytest.mark.fast  # in this process: pytest -m fast
+
 torch_config = pytest.importorskip("torch._inductor.config")
 
 

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rocm_autopatch import report_view
 from rocm_autopatch.text import Verbatim, fit, keep
+
+pytestmark = pytest.mark.fast  # in this process: pytest -m fast
 
 
 def _report(where: str) -> dict:

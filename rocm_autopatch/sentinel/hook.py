@@ -21,6 +21,7 @@ module is not even imported. What is checked, skipped (and why), passed or faile
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
 import time
@@ -488,9 +489,39 @@ def install(module: types.ModuleType) -> None:
                        "here: nothing checked", REF)
             return
         info.update(mode=how, calls=checks)
+        atexit.register(say_verdict)
         then = ("returns eager's result and runs that graph eagerly from then on"
                 if how == "fallback" else "warns; results stay the compiled ones")
         record.fix(NAME, record.APPLIED,
                    f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
                    "compared with eager against a float64 reference (torch's "
                    f"torch._dynamo.utils.same); a graph that differs {then}", REF)
+
+
+def verdict() -> str:
+    """One line: what the sentinel checked in this process, and its verdict."""
+    with record.LOCK:
+        info = section()
+        totals = dict(info["totals"])
+        wrong = [g for g in info["graphs"] if g["status"] in (FAILED, FELL_BACK)]
+    graphs = sum(totals.values())
+    text = (f"{ENV}={info['mode']}: {graphs} graph{'s' if graphs != 1 else ''} compiled: "
+            f"{totals[PASSED]} passed, {totals[FAILED] + totals[FELL_BACK]} wrong"
+            f"{' (run eagerly)' if totals[FELL_BACK] else ''}, {totals[SKIPPED]} not compared"
+            + (f", {totals[PENDING]} not called yet" if totals[PENDING] else ""))
+    if wrong:
+        text += "; wrong: " + "; ".join(f"graph {g['graph']} of {g['where']}"
+                                        for g in wrong[:3])
+    elif totals[SKIPPED]:
+        text += " (`rocm-autopatch doctor --report` or report().verify says why)"
+    return text
+
+
+def say_verdict() -> None:
+    """At exit: the verdict line (a process that compiled nothing says nothing)."""
+    try:
+        if sum(section()["totals"].values()):
+            log.notice(verdict())
+    except Exception:  # noqa: BLE001 - never at exit
+        pass
+
