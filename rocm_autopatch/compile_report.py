@@ -517,7 +517,9 @@ def _writer_during(path: str, since: float) -> Optional[str]:
     """"pid N (argv)" of another process that wrote the report at ``path`` at ``since`` or
     later; None where there is none (no file, ours, or one left by an earlier run)."""
     try:
-        if os.stat(path).st_mtime < since - 0.02:  # a clock tick
+        found = os.lstat(path)
+        # Only a regular file is read: opening a FIFO would wait for a writer for ever.
+        if not stat.S_ISREG(found.st_mode) or found.st_mtime < since - 0.02:  # a clock tick
             return None
         with open(path) as fh:
             process = json.load(fh).get("process", {})

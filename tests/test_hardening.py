@@ -121,11 +121,12 @@ def test_a_rank_that_is_not_a_number_names_the_variable_and_keeps_the_report(
                                         ROCM_AUTOPATCH_REPORT=f"{out}/r-{{rank}}.json"),
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [p.name for p in out.iterdir()] == [f"r-{proc.pid}.json"]  # nothing outside
-    assert not (tmp_path / "escape").exists()
+    (written,) = out.iterdir()  # nothing outside the template's directory, nothing deeper
+    pid = json.loads(written.read_text())["process"]["pid"]
+    assert written.name == f"r-{pid}.json" and not (tmp_path / "escape").exists()
     (said,) = [ln for ln in ours(proc.stderr) if "RANK=" in ln]
     assert f"RANK={value!r} is not understood" in said and "non-negative integer" in said
-    view = doctor(torch_venv, "--report", str(out / f"r-{proc.pid}.json"))
+    view = doctor(torch_venv, "--report", str(written))
     assert view.returncode == 0 and "Traceback" not in view.stderr, view.stderr
 
 
@@ -176,8 +177,9 @@ def test_the_writer_writes_every_field_the_schema_declares(torch_venv: Venv,
             "d = json.load(open(sys.argv[1])); "
             "print(json.dumps({'schema': d['schema'], 'missing': s.missing(d), "
             "'extra': sorted(set(d['compile']) - set(s.COMPILE))}))")
-    out = torch_venv.json(code, str(path))
-    assert out == {"schema": 3, "missing": [], "extra": []}
+    found = torch_venv.run(code, str(path))
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout) == {"schema": 3, "missing": [], "extra": []}
 
 
 def test_a_recompile_keeps_every_guard_failure_torch_logs(torch_venv: Venv,
@@ -195,7 +197,7 @@ for dtype in (torch.float32, torch.float64, torch.float16):
                           env=clean_env(**FORCE, ROCM_AUTOPATCH_REPORT=str(path),
                                         TORCH_LOGS="recompiles"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    logged = re.findall(r"^\s+- (\d+/\d+: .+)$", proc.stderr, re.MULTILINE)
+    logged = re.findall(r"\[__recompiles\]\s+- (\d+/\d+: .+)$", proc.stderr, re.MULTILINE)
     assert len(logged) == 3  # 1 for the second call, 2 for the third
     top = json.loads(path.read_text())["compile"]["recompiles"]["top"]
     reported = [line.strip() for r in top for line in r["reason"].splitlines()]

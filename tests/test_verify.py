@@ -212,15 +212,15 @@ def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> N
 @pytest.mark.fast
 def test_nonfinite_values_the_compiled_graph_introduces_are_flagged() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel import judge
 
     ref = torch.ones(4, 4)
     res = ref.clone()
     res[0, 0] = float("nan")
-    (bad,) = numerics.compare([ref], [res], [ref.double()], numerics.TOL_FORWARD)
+    (bad,) = judge.compare([ref], [res], [ref.double()], judge.TOL_FORWARD).bad
     assert bad.nonfinite == 1
-    assert numerics.compare([ref], [ref.clone()], [ref.double()], numerics.TOL_FORWARD) == []
+    assert judge.compare([ref], [ref.clone()], [ref.double()], judge.TOL_FORWARD).bad == []
     # NaN in both (eager's own) is not the compiled graph's doing.
     both = ref.clone()
     both[1, 1] = float("nan")
-    assert numerics.compare([both], [both.clone()], [both.double()], numerics.TOL_FORWARD) == []
+    assert judge.compare([both], [both.clone()], [both.double()], judge.TOL_FORWARD).bad == []

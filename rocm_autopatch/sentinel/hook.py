@@ -29,6 +29,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import compile_frame, frames, log, patching, record, settings
+from rocm_autopatch.sentinel import judge, numerics
 from rocm_autopatch.sentinel.status import (
     ALL,
     FAILED,
@@ -88,8 +89,7 @@ class Graph:
         self.fast: Any = None  # what every call runs once the checks are over
         self.lock = threading.Lock()
         self.analysis: Any = None
-        from rocm_autopatch.sentinel import numerics
-
+        self.kept: Dict[Any, Any] = {}
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
                                       "calls_checked": 0, "reason": "", "mismatch": None,
@@ -132,24 +132,23 @@ class Graph:
 
     @functools.cached_property
     def placeholders(self) -> List[Any]:
-        from rocm_autopatch.sentinel import numerics
-
         return numerics.placeholders(self.gm)
 
     @functools.cached_property
     def eager_run(self) -> Any:
         """The graph run eagerly on its inputs followed by the tensors it holds itself."""
-        from rocm_autopatch.sentinel import numerics
-
         return numerics.bind_state(self.gm, self.gm, self.names)
 
     @functools.cached_property
     def fp64_run(self) -> Any:
-        """The same, as the float64 reference."""
-        from rocm_autopatch.sentinel import numerics
+        """The same, as the float64 reference; the float64 values of the nodes in
+        ``self.kept`` are kept there (the operands of argmax and comparisons)."""
+        return numerics.bind_state(
+            lambda *xs: numerics.run_fp64(self.gm, list(xs), self.kept), self.gm, self.names)
 
-        return numerics.bind_state(lambda *xs: numerics.run_fp64(self.gm, list(xs)), self.gm,
-                                   self.names)
+    @functools.cached_property
+    def derived(self) -> Dict[int, Any]:
+        return numerics.derived_outputs(self.gm)
 
     def eager_call(self, *args: Any) -> Any:
         flat, boxed = self.inputs(args)
@@ -186,8 +185,6 @@ class Graph:
     def check(self, args: Tuple[Any, ...]) -> Any:
         import torch
 
-        from rocm_autopatch.sentinel import numerics
-
         flat, boxed = self.inputs(args)
         if flat is None:
             self.finish(SKIPPED, "not checked: called with inputs that do not match the graph")
@@ -207,8 +204,30 @@ class Graph:
                                  f"({', '.join(analysis.random)}), whose compiled and eager "
                                  "results differ by design")
             return self.compiled(*args)
+        if analysis.effects:
+            self.finish(SKIPPED, f"not compared: it calls {', '.join(analysis.effects)}, "
+                                 "which torch cannot tell free of side effects (a custom op may "
+                                 "count, log or call a runtime): re-running it would do that "
+                                 "twice")
+            return self.compiled(*args)
         mutated = sorted(analysis.mutated)
-        pre = {i: flat[i].detach().clone() for i in mutated}  # the state before this call
+        # The budget is decided before anything is copied, from what the fake run saw.
+        need = numerics.reference_bytes(
+            analysis, numerics.Snapshot.bytes_needed(flat, analysis.mutated))
+        device = next((t.device for t in flat if isinstance(t, torch.Tensor)), None)
+        room = _free_bytes(device) if device is not None else None
+        if room is not None and need > room * MEMORY_SHARE:
+            self.finish(SKIPPED, f"not checked: its eager and float64 references would need "
+                                 f"about {need / 2**30:.2f} GiB, more than half of the "
+                                 f"{room / 2**30:.2f} GiB free")
+            return self.compiled(*args)
+        try:
+            pre = numerics.Snapshot(flat, analysis.mutated)  # the state before this call
+        except Exception as exc:  # noqa: BLE001 - out of memory, odd aliasing: not checked
+            self.finish(SKIPPED, "not checked: the state it writes could not be copied "
+                                 f"({type(exc).__name__}: {_first(exc)})")
+            _release()
+            return self.compiled(*args)
         before = numerics.versions(flat)
         res = self.compiled(*args)
         unforeseen = numerics.changed(flat, before) - analysis.mutated
@@ -216,22 +235,13 @@ class Graph:
             self.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
                                  f"{sorted(unforeseen)} that the analysis did not foresee")
             return res
-        written = [flat[i] for i in mutated]
-        need = numerics.reference_bytes(numerics.leaves(res) + written)
-        device = next((t.device for t in numerics.leaves(res) + flat
-                       if isinstance(t, torch.Tensor)), None)
-        room = _free_bytes(device) if device is not None else None
-        if room is not None and need > room * MEMORY_SHARE:
-            self.finish(SKIPPED, f"not checked: its float64 reference would need about "
-                                 f"{need / 2**30:.1f} GiB, more than half of the "
-                                 f"{room / 2**30:.1f} GiB free")
-            return res
         try:
-            bad, outputs = self.compare(flat, pre, res, mutated)
+            with numerics.quiet():
+                bad, outputs = self.compare(flat, pre, res, mutated)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
             self.finish(SKIPPED, "not checked: computing the eager or float64 reference "
-                                 f"failed ({type(exc).__name__}: {first})")
+                                 f"failed ({type(exc).__name__}: {_first(exc)})")
+            _release()
             return res
         grad = torch.is_grad_enabled()
         if not grad:
@@ -251,29 +261,44 @@ class Graph:
             self.finish(PASSED)
         return res
 
-    def compare(self, flat: List[Any], pre: Dict[int, Any], res: Any, mutated: List[int]
+    def compare(self, flat: List[Any], pre: Any, res: Any, mutated: List[int]
                 ) -> Tuple[List[Any], int]:
-        """(the values that fail torch's criterion, how many of them are outputs). Eager and
-        float64 run on the same inputs: what they write goes to copies of the state before
-        the call; what they only read is shared, never copied."""
+        """(the values the judge rejects, how many of them are outputs). Eager and float64
+        run on the same inputs: what they write goes to copies of the state before the call
+        (overlapping views still overlap); what they only read is shared, never copied."""
         import torch
 
-        from rocm_autopatch.sentinel import numerics
-
-        eager_inputs = [pre[i].clone() if i in pre else x for i, x in enumerate(flat)]
-        inputs64 = [numerics.fp64_copy(pre[i]) if i in pre else x for i, x in enumerate(flat)]
+        made, made64 = pre.make(), pre.make(fp64=True)
+        eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
+        inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+        self.kept = {node: None for op in self.derived.values() for node in op[1]
+                     if isinstance(node, torch.fx.Node)}
         with torch.no_grad():
             ref = self.eager_run(*eager_inputs)
             ref64 = self.fp64_run(*inputs64)
+        derived = {i: judge.Derived(op, [self.kept.get(n, n) if isinstance(n, torch.fx.Node)
+                                         else n for n in nodes], dtype, dim, keepdim)
+                   for i, (op, nodes, dtype, dim, keepdim) in self.derived.items()}
+        self.kept = {}
         outputs = len(numerics.leaves(ref))
-        return numerics.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
+        verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
                                 numerics.leaves(res) + [flat[i] for i in mutated],
                                 numerics.leaves(ref64) + [inputs64[i] for i in mutated],
-                                numerics.TOL_FORWARD), outputs
+                                judge.TOL_FORWARD, derived)
+        self.judged(verdict)
+        return verdict.bad, outputs
+
+    def judged(self, verdict: Any) -> None:
+        """Both verdicts of the last check, and the errors against float64 (the report)."""
+        with record.LOCK:
+            self.entry["judge"] = {
+                "ours": "failed" if verdict.bad else "passed",
+                "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                **{k: round(v, 3) for k, v in verdict.stats.items()}}
 
     # ---- the backward pass ------------------------------------------------------------------
 
-    def check_backward(self, flat: List[Any], pre: Dict[int, Any], res: Any,
+    def check_backward(self, flat: List[Any], pre: Any, res: Any,
                        boxed: bool) -> str:
         """Gradients of the compiled graph against eager's, with a float64 reference, for
         the same seeded random upstream gradients. Each runs the graph again on detached
@@ -281,13 +306,11 @@ class Graph:
         accumulates into ``.grad``) and on copies of what it writes."""
         import torch
 
-        from rocm_autopatch.sentinel import numerics
-
         outs = [o for o in numerics.leaves(res) if isinstance(o, torch.Tensor)]
         if not any(o.requires_grad for o in outs):
             return "not applicable: no output requires grad"
         count = len(self.placeholders)
-        if any(i >= count for i in pre):
+        if any(i >= count for i in pre.indices):
             return f"not checked: {HELD}, and it updates some (they would advance twice)"
         held = any(x.requires_grad for x in flat[count:])
         wanted = [i for i, x in enumerate(flat[:count]) if isinstance(x, torch.Tensor)
@@ -306,12 +329,14 @@ class Graph:
             return self.compiled(list(inputs)) if boxed else self.compiled(*inputs)
 
         try:
-            got, upstream = _grads(compiled, flat, pre, wanted, None, False)
-            eager, _ = _grads(self.eager_run, flat, pre, wanted, upstream, False)
-            eager64, _ = _grads(self.fp64_run, flat, pre, wanted, upstream, True)
+            with numerics.quiet():
+                got, upstream = _grads(compiled, flat, pre, wanted, None, False)
+                eager, _ = _grads(self.eager_run, flat, pre, wanted, upstream, False)
+                eager64, _ = _grads(self.fp64_run, flat, pre, wanted, upstream, True)
         except Exception as exc:  # noqa: BLE001 - not checkable here: say so
+            _release()
             return f"not checked: {type(exc).__name__}: {str(exc).strip()[:200]}"
-        bad = numerics.compare(eager, got, eager64, numerics.TOL_BACKWARD)
+        bad = judge.compare(eager, got, eager64, judge.TOL_BACKWARD, strict=False).bad
         if not bad:
             return f"passed ({len(wanted)} gradients" + (
                 "; not those of the parameters the graph holds itself)" if held else ")")
@@ -321,11 +346,8 @@ class Graph:
 
     # ---- a graph that computes wrong numbers ---------------------------------------------
 
-    def failed(self, m: Any, outputs: int, flat: List[Any], pre: Dict[int, Any], res: Any,
+    def failed(self, m: Any, outputs: int, flat: List[Any], pre: Any, res: Any,
                grad: bool, which: str) -> Any:
-        import torch
-
-        from rocm_autopatch.sentinel import numerics
 
         what = self.entry["backward"] if m is None else _describe(m, outputs, self.gm)
         with record.LOCK:
@@ -336,9 +358,7 @@ class Graph:
         if falling_back:
             # This call gets eager's result, computed on the real inputs from their state
             # before the call (what the compiled call wrote is undone first).
-            with torch.no_grad():
-                for i, state in pre.items():
-                    flat[i].copy_(state)
+            pre.restore(flat)
             with numerics.grad_mode(grad):
                 res = self.gm(*flat[:len(self.placeholders)])
         self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager")
@@ -356,8 +376,6 @@ class Graph:
 
 
 def _describe(m: Any, outputs: int, gm: Any) -> str:
-    from rocm_autopatch.sentinel import numerics
-
     if m.index < outputs:
         where = numerics.origin(gm, m.index)
         what = f"output {m.index}" + (f" (made at {where})" if where else "")
@@ -365,27 +383,27 @@ def _describe(m: Any, outputs: int, gm: Any) -> str:
         what = f"the input it writes (#{m.index - outputs})"
     text = (f"{what}, shape {list(m.shape)}, {m.dtype}, differs from eager by up to "
             f"{m.max_abs_diff:.3g}")
+    text += f"; {m.rule}: {m.detail}"
     if m.compiled_rmse is not None and m.eager_rmse is not None:
         text += (f"; error against float64: compiled {m.compiled_rmse:.3g}, eager "
                  f"{m.eager_rmse:.3g} (RMSE)")
-    if m.nonfinite:
-        text += f"; {m.nonfinite} NaN/inf values where eager has none"
+    if m.torch_ok:
+        text += "; torch's own criterion alone would have passed it"
     return text
 
 
-def _grads(run: Any, flat: List[Any], pre: Dict[int, Any], wanted: List[int],
+def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],
            upstream: Optional[List[Any]], fp64: bool) -> Tuple[List[Any], List[Any]]:
     """(d(sum(out * g))/d(input) for the ``wanted`` inputs, the ``g`` used). ``g`` is drawn
     once, seeded, from a private generator (the program's random streams are untouched),
     in each output's dtype; the float64 run gets the same values."""
     import torch
 
-    from rocm_autopatch.sentinel import numerics
-
+    made = pre.make(fp64=fp64)
     inputs = []
     for i, x in enumerate(flat):
-        if i in pre:
-            x = numerics.fp64_copy(pre[i]) if fp64 else pre[i].clone()
+        if i in made:
+            x = made[i]
         elif i in wanted:
             x = (numerics.to_fp64(x.detach()) if fp64 else x.detach()).requires_grad_()
         inputs.append(x)
@@ -402,6 +420,22 @@ def _grads(run: Any, flat: List[Any], pre: Dict[int, Any], wanted: List[int],
                                     [numerics.to_fp64(g) if fp64 else g for g in upstream],
                                     allow_unused=True)
     return list(grads), upstream
+
+
+def _first(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:160]
+
+
+def _release() -> None:
+    """After a check that failed for memory: give the cached blocks back, so that the
+    program finds the memory it had (torch keeps freed blocks in its caching allocator)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _free_bytes(device: Any) -> Optional[int]:
@@ -425,8 +459,6 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
         if getattr(_busy, "compiling", False):
             return original(model_, example_inputs_, *args, **kwargs)
         try:
-            from rocm_autopatch.sentinel import numerics
-
             gm = numerics.copy_graph(model_)
         except Exception:  # noqa: BLE001 - not a graph we can copy: compile, unwatched
             return original(model_, example_inputs_, *args, **kwargs)
@@ -438,6 +470,11 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
         graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks)
+        talks = numerics.communicates(gm)
+        if talks:  # decided from the graph alone: the same on every rank
+            graph.finish(SKIPPED, f"not compared: it communicates ({', '.join(talks)}); "
+                                  "running it again on one rank would pair its collectives "
+                                  "with the wrong ones on the others")
 
         def run(*call_args: Any, **call_kwargs: Any) -> Any:
             fast = graph.fast

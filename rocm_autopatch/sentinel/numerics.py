@@ -22,17 +22,10 @@ policy). For one Dynamo graph and one call's inputs:
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.fx
-
-# torch's tolerances for this criterion: the minifier's repro_tolerance and the benchmark
-# suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py
-# get_tolerance_and_cosine_flag); gradients get the suite's training tolerance.
-TOL_FORWARD = 1e-3
-TOL_BACKWARD = 1e-2
 
 _FLOAT_UP = {torch.float16: torch.float64, torch.bfloat16: torch.float64,
              torch.float32: torch.float64, torch.complex32: torch.complex128,
@@ -47,6 +40,45 @@ class Analysis(NamedTuple):
     mutated: FrozenSet[int]  # positions of the inputs the graph writes
     random: Tuple[str, ...]  # random ops it calls (aten names)
     error: str = ""  # why it could not be analysed ("" when it was)
+    effects: Tuple[str, ...] = ()  # ops that may act outside the graph (custom ops)
+    temp_bytes: int = 0  # every tensor the graph creates, in its own dtype
+    temp_fp64_bytes: int = 0  # the same, floating ones in float64
+
+
+# Ops whose namespace makes them pure functions of their inputs (or random, found apart):
+# anything else (a custom op of torch.library, vLLM's or aiter's kernels) may count, log or
+# call a runtime, and must not run a second time (docs/rules.md, the numerics sentinel).
+PURE_NAMESPACES = ("aten", "prim", "prims", "rngprims")
+# Collectives: a graph that communicates is never run again (every rank would have to run
+# it again the same number of times, or the collectives pair wrongly: gloo aborts with
+# "Received data size doesn't match expected size", NCCL/RCCL hangs).
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd",
+                         "c10d", "_dtensor")
+
+
+def _op_name(target: Any) -> Tuple[str, str]:
+    """(namespace, name) of a graph node's target; ("", "") for what is not an op."""
+    qualified = getattr(target, "_qualified_op_name", None) or getattr(
+        getattr(target, "_overloadpacket", None), "_qualified_op_name", None)
+    if isinstance(qualified, str) and "::" in qualified:
+        namespace, name = qualified.split("::", 1)
+        return namespace, name
+    module = getattr(target, "__module__", None) or ""
+    if module.startswith("torch.distributed"):
+        return "torch.distributed", getattr(target, "__name__", str(target))
+    return "", ""
+
+
+def communicates(gm: torch.fx.GraphModule) -> Tuple[str, ...]:
+    """The collectives ``gm`` calls (decided from the graph alone: the same on every rank)."""
+    found: Dict[str, None] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        namespace, name = _op_name(node.target)
+        if namespace in COLLECTIVE_NAMESPACES or namespace == "torch.distributed":
+            found[name] = None
+    return tuple(found)
 
 
 def copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -112,6 +144,9 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
 
     written: set = set()
     random: Dict[str, None] = {}
+    effects: Dict[str, None] = {}
+    seen: set = set()
+    made = [0, 0]  # bytes the graph creates: in its dtypes, in float64
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
@@ -129,20 +164,113 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
                             written.add(_storage(t))
             if _draws_random(func, values):
                 random[str(func.overloadpacket.__name__)] = None
-            return func(*a, **kw)
+            namespace = getattr(func, "namespace", "aten")
+            if namespace not in PURE_NAMESPACES:
+                effects[f"{namespace}::{func.overloadpacket.__name__}"] = None
+            out = func(*a, **kw)
+            for t in leaves(out):
+                if isinstance(t, torch.Tensor):
+                    storage = _storage(t)
+                    if storage not in seen:
+                        seen.add(storage)
+                        size = t.untyped_storage().nbytes()
+                        made[0] += size
+                        made[1] += (size // t.element_size() * 8 if t.is_floating_point()
+                                    else size)
+            return out
 
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args]
+        seen.update(_storage(f) for f in fakes if isinstance(f, torch.Tensor))
         before = [_version(f) for f in fakes]
-        with mode, Recorder():
+        with mode, Recorder(), quiet():
             gm(*fakes)
         mutated = frozenset(
             i for i, (f, v) in enumerate(zip(fakes, before))
             if isinstance(f, torch.Tensor) and (_storage(f) in written or _version(f) != v))
     except Exception as exc:  # noqa: BLE001 - a graph we cannot analyse is not checked
         return Analysis(frozenset(), (), f"{type(exc).__name__}: {_first_line(exc)}")
-    return Analysis(mutated, tuple(random))
+    return Analysis(mutated, tuple(random), "", tuple(effects), made[0], made[1])
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The program's saved-tensor hooks (activation offloading, checkpointing) do not see
+    the sentinel's runs: identity hooks on top of the stack stand in for them (torch uses the
+    innermost pair only; the stack is per thread)."""
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+        yield
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
+# ---- the state before a call ------------------------------------------------------------
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor over the whole storage of ``t``, in ``t``'s dtype."""
+    storage = t.untyped_storage()
+    return t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
+
+
+class Snapshot:
+    """The inputs a graph writes, as they were before a call, and every input that shares
+    memory with one of them: one copy per storage, so that overlapping views still overlap
+    in the copies the references run on (two views of one buffer, one of them written)."""
+
+    def __init__(self, flat: List[Any], mutated: FrozenSet[int]) -> None:
+        by_storage: Dict[Any, List[int]] = {}
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor):
+                by_storage.setdefault(_storage(x), []).append(i)
+        self.groups: List[Tuple[List[int], torch.Tensor, Optional[List[Any]]]] = []
+        for members in by_storage.values():
+            if not any(i in mutated for i in members):
+                continue
+            first = flat[members[0]]
+            if len(members) == 1:
+                self.groups.append((members, first.detach().clone(), None))
+                continue
+            if len({flat[i].dtype for i in members}) > 1:
+                raise ValueError("inputs that share memory have different dtypes")
+            layout = [(flat[i].size(), flat[i].stride(), flat[i].storage_offset())
+                      for i in members]
+            self.groups.append((members, _whole(first.detach()).clone(), layout))
+
+    @staticmethod
+    def bytes_needed(flat: List[Any], mutated: FrozenSet[int]) -> int:
+        """What one copy of the state takes (whole storages where inputs share one)."""
+        sizes: Dict[Any, int] = {}
+        for i in mutated:
+            x = flat[i]
+            if isinstance(x, torch.Tensor):
+                sizes[_storage(x)] = x.untyped_storage().nbytes()
+        return sum(sizes.values())
+
+    @property
+    def indices(self) -> FrozenSet[int]:
+        return frozenset(i for members, _, _ in self.groups for i in members)
+
+    def make(self, fp64: bool = False) -> Dict[int, torch.Tensor]:
+        """Fresh copies of the state, float64 for the reference run, views re-made."""
+        out: Dict[int, torch.Tensor] = {}
+        for members, saved, layout in self.groups:
+            copy = fp64_copy(saved) if fp64 else saved.clone()
+            if layout is None:
+                out[members[0]] = copy
+            else:
+                for i, (size, stride, offset) in zip(members, layout):
+                    out[i] = copy.as_strided(size, stride, offset)
+        return out
+
+    def restore(self, flat: List[Any]) -> None:
+        """Put the state back into the program's own tensors (what a call wrote, undone)."""
+        with torch.no_grad():
+            for members, saved, layout in self.groups:
+                target = flat[members[0]]
+                (target if layout is None else _whole(target)).copy_(saved)
 
 
 def _default(arg: Any) -> Any:
@@ -206,9 +334,21 @@ def _map(fn: Callable[[Any], Any], value: Any) -> Any:
 
 
 class _Fp64Interpreter(torch.fx.Interpreter):
-    """Runs a graph in float64, upcasting each node's inputs for that node only."""
+    """Runs a graph in float64, upcasting each node's inputs for that node only; keeps the
+    float64 values of the nodes in ``keep`` (what the judge needs)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, keep: Any = ()) -> None:
+        super().__init__(gm)
+        self.keep = set(keep)
+        self.kept: Dict[Any, Any] = {}
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        value = self._run_node(n)
+        if n in self.keep:
+            self.kept[n] = value
+        return value
+
+    def _run_node(self, n: torch.fx.Node) -> Any:
         if n.op not in ("call_function", "call_method", "call_module"):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
@@ -226,29 +366,25 @@ class _Fp64Interpreter(torch.fx.Interpreter):
         return getattr(self, n.op)(target, args, kwargs)
 
 
-def run_fp64(gm: torch.fx.GraphModule, args: List[Any]) -> Any:
-    return _Fp64Interpreter(gm).run(*args)
+def run_fp64(gm: torch.fx.GraphModule, args: List[Any], kept: Optional[Dict[Any, Any]] = None
+             ) -> Any:
+    """``gm`` run in float64; the float64 values of the nodes named in ``kept`` go there."""
+    interpreter = _Fp64Interpreter(gm, kept or ())
+    out = interpreter.run(*args)
+    if kept is not None:
+        kept.update(interpreter.kept)
+    return out
 
 
-def reference_bytes(values: List[Any]) -> int:
-    """Memory a forward check needs beyond the compiled result: per floating value the eager
-    copy, the float64 reference and the two float64 temporaries of torch's RMSE."""
-    return sum(v.numel() * (v.element_size() + 3 * 8) for v in values
-               if isinstance(v, torch.Tensor) and v.is_floating_point())
+def reference_bytes(analysis: Analysis, state: int) -> int:
+    """Memory a forward check may need at its peak, before anything is copied: the state
+    the graph writes (``state`` bytes: kept, a copy for eager, one in float64), every tensor
+    the eager run creates, every one the float64 run creates, and the judge's float64
+    temporaries (three per created float64 value, bounded by the float64 run's total)."""
+    return 2 * state + state * 4 + analysis.temp_bytes + 4 * analysis.temp_fp64_bytes
 
 
-# ---- judging ------------------------------------------------------------------------------
-
-class Mismatch(NamedTuple):
-    index: int  # position among the compared values
-    shape: Tuple[int, ...]
-    dtype: str
-    max_abs_diff: float  # compiled vs eager
-    compiled_rmse: Optional[float]  # against the float64 reference
-    eager_rmse: Optional[float]
-    nonfinite: int  # NaN/inf in compiled where eager is finite
-    detail: str  # what torch's criterion said
-
+# ---- what the judge needs from the graph -------------------------------------------------
 
 def leaves(value: Any) -> List[Any]:
     from torch.utils._pytree import tree_flatten
@@ -256,49 +392,54 @@ def leaves(value: Any) -> List[Any]:
     return tree_flatten(value)[0]
 
 
-def _say(said: List[str], msg: str, *args: Any) -> None:
-    said.append(msg % args if args else msg)
+_ARG_OPS = {"argmax": "argmax", "argmin": "argmin"}
+_COMPARE_OPS = {"gt": "gt", "lt": "lt", "ge": "ge", "le": "le", "eq": "eq", "ne": "ne",
+                "__gt__": "gt", "__lt__": "lt", "__ge__": "ge", "__le__": "le",
+                "__eq__": "eq", "__ne__": "ne", "greater": "gt", "less": "lt"}
 
 
-def _rmse(a: torch.Tensor, b: torch.Tensor) -> Optional[float]:
-    try:
-        return float(torch.sqrt(torch.mean(torch.square(a.double() - b.double()))))
-    except Exception:  # noqa: BLE001 - a metric for the message only
+def _node_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if node.op == "call_method":
+        return str(target)
+    name = getattr(target, "__name__", "") or str(target)
+    return name.split(".")[0]
+
+
+def _meta_dtype(node: Any) -> Optional[torch.dtype]:
+    if not isinstance(node, torch.fx.Node):
         return None
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return getattr(value, "dtype", None)
 
 
-def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float) -> List[Mismatch]:
-    """The values where ``res`` (compiled) fails torch's criterion against ``ref`` (eager)
-    with ``ref64`` (float64) as the reference; empty when all pass."""
-    from torch._dynamo.utils import same
-
-    bad: List[Mismatch] = []
-    for index, (r, c, f) in enumerate(zip(ref, res, ref64)):
-        said: List[str] = []
-        log_error = functools.partial(_say, said)
-        if isinstance(r, torch.Tensor):
-            r, c, f = (t.detach() if isinstance(t, torch.Tensor) else t for t in (r, c, f))
-        ok = same(r, c, f, tol=tol, equal_nan=True, log_error=log_error)
-        nonfinite = 0
-        if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor) and \
-                r.is_floating_point() and c.shape == r.shape:
-            nonfinite = int((~torch.isfinite(c) & torch.isfinite(r)).sum())
-        if ok and not nonfinite:
-            continue
-        tensor = isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor)
-        floating = tensor and r.is_floating_point() and c.shape == r.shape
-        bad.append(Mismatch(
-            index=index,
-            shape=tuple(r.shape) if tensor else (),
-            dtype=str(r.dtype).replace("torch.", "") if tensor else type(r).__name__,
-            max_abs_diff=float((c.double() - r.double()).abs().nan_to_num(float("inf")).max())
-            if floating and r.numel() else 0.0,
-            compiled_rmse=_rmse(c, f) if floating and isinstance(f, torch.Tensor) else None,
-            eager_rmse=_rmse(r, f) if floating and isinstance(f, torch.Tensor) else None,
-            nonfinite=nonfinite,
-            detail="; ".join(said)[:300] or ("non-finite values" if nonfinite else "differs"),
-        ))
-    return bad
+def derived_outputs(gm: torch.fx.GraphModule) -> Dict[int, Tuple[str, List[Any], torch.dtype,
+                                                                 Optional[int], bool]]:
+    """Integer and bool outputs that come from floats through argmax, argmin or a
+    comparison: {output index: (op, operand nodes or numbers, their dtype, dim, keepdim)}."""
+    found: Dict[int, Tuple[str, List[Any], torch.dtype, Optional[int], bool]] = {}
+    try:
+        (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+        for index, node in enumerate(leaves(out.args[0])):
+            if not isinstance(node, torch.fx.Node) or node.op not in ("call_function",
+                                                                      "call_method"):
+                continue
+            name = _node_name(node)
+            args, kwargs = list(node.args), dict(node.kwargs)
+            if name in _ARG_OPS and args:
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                keepdim = bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False))
+                dtype = _meta_dtype(args[0])
+                if dtype is not None and dtype.is_floating_point and (dim is None or
+                                                                      isinstance(dim, int)):
+                    found[index] = (_ARG_OPS[name], [args[0]], dtype, dim, keepdim)
+            elif name in _COMPARE_OPS and len(args) >= 2:
+                dtypes = [d for d in (_meta_dtype(a) for a in args[:2]) if d is not None]
+                if dtypes and all(d.is_floating_point for d in dtypes):
+                    found[index] = (_COMPARE_OPS[name], list(args[:2]), dtypes[0], None, False)
+    except Exception:  # noqa: BLE001 - then integers are judged exactly
+        return {}
+    return found
 
 
 def _first_line(exc: BaseException) -> str:

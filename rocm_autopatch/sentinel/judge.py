@@ -1,0 +1,240 @@
+"""How the sentinel judges a call: the compiled values against eager's, with the float64
+run as the truth. docs/rules.md explains each rule and how it was calibrated.
+
+For each value the graph returns or writes:
+
+- **torch's criterion is the floor**: ``torch._dynamo.utils.same(ref, res, fp64_ref, tol,
+  equal_nan=True)``, as torch's minifier and benchmark suite use it. What it rejects is
+  rejected, except where it is wrong by construction: an element whose exact (float64)
+  value overflows the dtype, where ``inf`` is the correct rounding, is judged apart.
+- **non-finite**: NaN/inf in the compiled value where float64 is finite and representable.
+- **localized**: the worst element's error against float64, in units of the dtype's
+  rounding (``eps * max(|x|, rms)``), beyond both a floor and a multiple of eager's worst:
+  a few wrong elements among millions, which an RMSE averages away.
+- **systematic**: the compiled error's RMSE against float64 beyond a multiple of eager's
+  (torch allows 3x in bf16/fp16, blind to a bias of a few rounding units), or a consistent
+  relative bias that eager's rounding does not have.
+- **integers and bools**: exact, except where they come from floats (argmax, argmin, a
+  comparison): an element that differs passes when float64 says its two choices were a
+  near tie (compiled code rounds once where eager rounds several times).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+
+import torch
+
+# torch's tolerances for its criterion: the minifier's repro_tolerance and the benchmark
+# suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py
+# get_tolerance_and_cosine_flag); gradients get the suite's training tolerance.
+TOL_FORWARD = 1e-3
+TOL_BACKWARD = 1e-2
+
+# Calibrated with benchmarks/sentinel_corpus.py (BENCHMARKS.md, the sentinel's corpus).
+LOCAL_ULPS = 16.0  # the worst element may be this many rounding units off float64...
+LOCAL_RATIO = 4.0  # ...and this many times eager's worst element, before it fails
+SYSTEMATIC_RATIO = 1.5  # compiled RMSE against float64, times eager's...
+SYSTEMATIC_FLOOR = 0.5  # ...and at least this many rounding units of the value's RMS
+BIAS_FLOOR = 0.5  # a mean relative error, in rounding units, consistent in sign...
+BIAS_RATIO = 4.0  # ...and this many times eager's own
+TIE_ULPS = 4.0  # two choices this close in float64 are a tie (argmax, comparisons)
+# Below this many elements the localized and systematic rules are noise (a few sums that
+# cancel): torch's criterion judges alone, with its own larger multipliers for small sizes.
+MIN_ELEMENTS = 256
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class Mismatch(NamedTuple):
+    index: int  # position among the compared values
+    shape: Tuple[int, ...]
+    dtype: str
+    max_abs_diff: float  # compiled vs eager
+    compiled_rmse: Optional[float]  # against the float64 reference
+    eager_rmse: Optional[float]
+    nonfinite: int  # NaN/inf in compiled where float64 is finite and representable
+    detail: str  # what failed, in words
+    rule: str = ""  # torch's criterion, non-finite, localized, systematic, integer
+    torch_ok: bool = True  # what torch's criterion alone says of this value
+
+
+class Derived(NamedTuple):
+    """An integer or bool output computed from floats: how, and the float64 operands."""
+
+    op: str  # "argmax", "argmin" or a comparison ("gt", "lt", "ge", "le", "eq", "ne")
+    operands: List[Any]  # float64 tensors (or numbers) as the float64 run computed them
+    dtype: torch.dtype  # the operands' dtype in the program
+    dim: Optional[int] = None
+    keepdim: bool = False
+
+
+class Judgement(NamedTuple):
+    bad: List[Mismatch]  # by our rules (torch's among them)
+    torch_failed: List[int]  # indices torch's criterion alone rejects
+    stats: Dict[str, Any]  # worst errors against float64, in rounding units
+
+
+COMPARISONS = ("gt", "lt", "ge", "le", "eq", "ne")
+
+
+def _say(said: List[str], msg: str, *args: Any) -> None:
+    said.append(msg % args if args else msg)
+
+
+def _rmse(a: torch.Tensor, b: torch.Tensor) -> Optional[float]:
+    try:
+        return float(torch.sqrt(torch.mean(torch.square(a.double() - b.double()))))
+    except Exception:  # noqa: BLE001 - a metric for the message only
+        return None
+
+
+def torch_criterion(ref: Any, res: Any, ref64: Any, tol: float) -> Tuple[bool, str]:
+    from torch._dynamo.utils import same
+
+    said: List[str] = []
+    ok = same(ref, res, ref64, tol=tol, equal_nan=True, log_error=functools.partial(_say, said))
+    return bool(ok), "; ".join(said)[:300]
+
+
+def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
+              stats: Dict[str, Any], strict: bool) -> Tuple[Optional[Mismatch], bool]:
+    dtype = c.dtype
+    info = torch.finfo(dtype)
+    f64 = f.detach().double() if isinstance(f, torch.Tensor) else r.double()
+    r64, c64 = r.double(), c.double()
+    overflow = f64.abs() > info.max  # inf is the right rounding there
+    good = torch.isfinite(f64) & ~overflow
+    nonfinite = int((~torch.isfinite(c64) & good).sum())
+    torch_ok, detail = torch_criterion(r, c, f, tol)
+    if overflow.any():  # torch's floor, without what it cannot judge
+        keep = ~overflow
+        floor_ok, detail = torch_criterion(r[keep], c[keep], f64[keep].to(f.dtype), tol)
+        wrong_sign = int((overflow & (torch.sign(c64) != torch.sign(f64))).sum())
+        floor_ok = floor_ok and wrong_sign == 0
+    else:
+        floor_ok = torch_ok
+    both = good & torch.isfinite(r64) & torch.isfinite(c64)
+    rule, worst_c, worst_e, rms_c, rms_e, bias_c, bias_e = "", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    if both.any():
+        fv, cv, rv = f64[both], c64[both], r64[both]
+        rms = float(torch.sqrt(torch.mean(fv * fv)))
+        unit = info.eps * torch.clamp(fv.abs(), min=max(rms, info.tiny))
+        err_c, err_e = (cv - fv) / unit, (rv - fv) / unit
+        worst_c, worst_e = float(err_c.abs().max()), float(err_e.abs().max())
+        scale = info.eps * max(rms, info.tiny)
+        rms_c = float(torch.sqrt(torch.mean((cv - fv) ** 2))) / scale
+        rms_e = float(torch.sqrt(torch.mean((rv - fv) ** 2))) / scale
+        sign = torch.sign(fv)
+        bias_c, bias_e = float(torch.mean(err_c * sign)), float(torch.mean(err_e * sign))
+        if not strict or fv.numel() < MIN_ELEMENTS:
+            pass
+        elif worst_c > max(LOCAL_ULPS, LOCAL_RATIO * worst_e):
+            count = int((err_c.abs() > max(LOCAL_ULPS, LOCAL_RATIO * worst_e)).sum())
+            rule = "localized"
+            detail = (f"{count} of {fv.numel()} elements off float64 by up to {worst_c:.3g} "
+                      f"rounding units (eager's worst: {worst_e:.3g})")
+        elif rms_c > max(SYSTEMATIC_FLOOR, SYSTEMATIC_RATIO * rms_e):
+            rule = "systematic"
+            detail = (f"RMSE against float64 {rms_c:.3g} rounding units, eager's "
+                      f"{rms_e:.3g}")
+        elif abs(bias_c) > max(BIAS_FLOOR, BIAS_RATIO * abs(bias_e)):
+            rule = "systematic"
+            detail = (f"a consistent relative bias of {bias_c:+.3g} rounding units against "
+                      f"float64 (eager's {bias_e:+.3g})")
+    stats["compiled_worst_ulps"] = max(stats.get("compiled_worst_ulps", 0.0), worst_c)
+    stats["eager_worst_ulps"] = max(stats.get("eager_worst_ulps", 0.0), worst_e)
+    stats["compiled_rmse_ulps"] = max(stats.get("compiled_rmse_ulps", 0.0), rms_c)
+    stats["eager_rmse_ulps"] = max(stats.get("eager_rmse_ulps", 0.0), rms_e)
+    if nonfinite:
+        rule, detail = "non-finite", f"{nonfinite} NaN/inf where float64 is finite"
+    elif not floor_ok:
+        rule = "torch's criterion"
+    if not rule:
+        return None, torch_ok
+    return Mismatch(index, tuple(r.shape), str(dtype).replace("torch.", ""),
+                    float((c64 - r64).abs().nan_to_num(float("inf")).max()) if r.numel() else 0.0,
+                    _rmse(c, f) if isinstance(f, torch.Tensor) else None,
+                    _rmse(r, f) if isinstance(f, torch.Tensor) else None,
+                    nonfinite, detail or "differs", rule, torch_ok), torch_ok
+
+
+def _ties(r: torch.Tensor, c: torch.Tensor, how: Derived) -> bool:
+    """Do the elements where ``c`` and ``r`` differ come from near ties in float64?"""
+    eps = torch.finfo(how.dtype).eps
+    differ = c != r
+    if how.op in ("argmax", "argmin"):
+        x = how.operands[0]
+        if not isinstance(x, torch.Tensor):
+            return False
+        if how.dim is None:
+            flat = x.flatten()
+            vc, vr = flat[c.long()], flat[r.long()]
+            scale = flat.abs().max()
+        else:
+            ic = c.long() if how.keepdim else c.long().unsqueeze(how.dim)
+            ir = r.long() if how.keepdim else r.long().unsqueeze(how.dim)
+            vc, vr = x.gather(how.dim, ic), x.gather(how.dim, ir)
+            scale = x.abs().amax(dim=how.dim, keepdim=True)
+            if not how.keepdim:
+                vc, vr, scale = vc.squeeze(how.dim), vr.squeeze(how.dim), scale.squeeze(how.dim)
+        near = (vc - vr).abs() <= TIE_ULPS * eps * torch.clamp(scale, min=1e-30)
+        return bool(near[differ].all()) if differ.dim() else bool(near)
+    if how.op in COMPARISONS and len(how.operands) == 2:
+        a, b = (torch.as_tensor(o, dtype=torch.float64) for o in how.operands)
+        gap = (a - b).abs()
+        scale = torch.maximum(a.abs(), b.abs())
+        near = torch.broadcast_to(gap <= TIE_ULPS * eps * torch.clamp(scale, min=1e-30),
+                                  c.shape)
+        return bool(near[differ].all())
+    return False
+
+
+def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
+              how: Optional[Derived]) -> Tuple[Optional[Mismatch], bool]:
+    torch_ok, _ = torch_criterion(r, c, f, tol)
+    if c.shape == r.shape and bool(torch.equal(c, r)):
+        return None, torch_ok
+    if how is not None and c.shape == r.shape:
+        try:
+            if _ties(r, c, how):
+                return None, torch_ok
+        except Exception:  # noqa: BLE001 - cannot tell: judged exactly
+            pass
+    differ = int((c != r).sum()) if c.shape == r.shape else -1
+    detail = (f"{differ} of {r.numel()} elements differ from eager" if differ >= 0 else
+              f"shape {list(c.shape)} where eager has {list(r.shape)}")
+    if how is not None:
+        detail += f" (from {how.op} over floats, and not a tie in float64)"
+    diff = float((c.double() - r.double()).abs().max()) if differ > 0 else 0.0
+    return Mismatch(index, tuple(r.shape), str(r.dtype).replace("torch.", ""), diff, None,
+                    None, 0, detail, "integer", torch_ok), torch_ok
+
+
+def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
+            derived: Optional[Dict[int, Derived]] = None, strict: bool = True) -> Judgement:
+    """Judge each compiled value of ``res`` against eager's ``ref`` with ``ref64`` (float64)
+    as the truth. ``strict=False`` (gradients): torch's criterion, non-finite values and
+    integers only; the localized and systematic rules are calibrated on forward values."""
+    bad: List[Mismatch] = []
+    torch_failed: List[int] = []
+    stats: Dict[str, Any] = {}
+    for index, (r, c, f) in enumerate(zip(ref, res, ref64)):
+        if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor):
+            r, c = r.detach(), c.detach()
+            f = f.detach() if isinstance(f, torch.Tensor) else f
+            if r.is_floating_point() and c.is_floating_point() and c.shape == r.shape:
+                found, torch_ok = _floating(r, c, f, index, tol, stats, strict)
+            else:
+                found, torch_ok = _integral(r, c, f, index, tol, (derived or {}).get(index))
+            if not torch_ok:
+                torch_failed.append(index)
+        else:
+            ok, said = torch_criterion(r, c, f, tol)
+            found = None if ok else Mismatch(index, (), type(r).__name__, 0.0, None, None, 0,
+                                             said or "differs", "torch's criterion", False)
+            if not ok:
+                torch_failed.append(index)
+        if found is not None:
+            bad.append(found)
+    return Judgement(bad, torch_failed, stats)
