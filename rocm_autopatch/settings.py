@@ -30,6 +30,7 @@ class Variable(NamedTuple):
     meaning: str  # one line: what it does
     applies: str  # where it takes effect (a process that imports torch, the doctor...)
     if_bad: str = ""  # what happens instead of a bad value ("" = the default is used)
+    instead: Any = None  # the value used for a bad one, where not the default
 
 
 def _words(table: Mapping[str, Any]) -> Callable[[str], Any]:
@@ -115,7 +116,7 @@ VARIABLES: Tuple[Variable, ...] = (
              "compare compiled graphs with eager: warn; warn and run eagerly",
              "every graph Inductor compiles",
              "Using check (compiled results, with a warning for a graph that computes "
-             "wrong numbers)."),
+             "wrong numbers).", "check"),
     Variable(VERIFY_CALLS, _at_least(1), "an integer >= 1 (default 1)", 1,
              "calls of each graph checked", "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
@@ -176,9 +177,9 @@ def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Reading:
     try:
         return Reading(var.parse(text), raw)
     except (ValueError, OverflowError):
-        instead = var.if_bad or f"Using {var.default!r}."
-        return Reading(var.default, raw, f"{name}={raw!r} is not understood; accepted: "
-                       f"{var.accepted.replace('`', '')}. {instead}")
+        value = var.default if var.instead is None else var.instead
+        return Reading(value, raw, f"{name}={raw!r} is not understood; accepted: "
+                       f"{var.accepted.replace('`', '')}. {var.if_bad or f'Using {value!r}.'}")
 
 
 def torch_autoload(environ: Optional[Mapping[str, str]] = None) -> bool:

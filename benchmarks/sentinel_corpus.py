@@ -1,0 +1,222 @@
+"""The numerics sentinel's corpus: healthy programs and injected miscompiles, judged by
+torch's criterion alone and by the sentinel's (rocm_autopatch/sentinel/judge.py).
+
+    python benchmarks/sentinel_corpus.py [--device cpu|cuda] [--only NAME...] [--json PATH]
+
+Each case runs in its own process with ``ROCM_AUTOPATCH=force ROCM_AUTOPATCH_VERIFY=check``:
+a model from transformers (tiny configs, random weights: no download) or timm (GPU), a
+dtype, and optionally a bug. Bugs are made only in what Inductor compiles, through its
+decomposition table (``torch._inductor.decomposition.decompositions``), never in eager:
+
+- ``silu_bias``: SiLU 1% too large (a bias of a few bf16 rounding units)
+- ``gelu_bias``: GELU 1% too large
+- ``silu_gross``: SiLU 20% too large
+- ``silu_nan``: SiLU gives NaN for inputs in a narrow band
+- ``silu_local``: SiLU gives 0 for inputs in a narrow band (a few elements)
+- ``silu_backward``: SiLU's gradient 1% too large (forward exact): training only
+
+Prints one line per case and the detection and false-alarm rates for both criteria.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CHILD = r'''
+import json, os, sys, torch
+case = json.loads(sys.argv[1])
+torch.manual_seed(0)
+device = case["device"]
+dtype = getattr(torch, case["dtype"])
+aten = torch.ops.aten
+bug = case.get("bug")
+if bug:
+    # So that the injected decomposition is what runs: with oneDNN weight prepacking, a CPU
+    # bf16 linear followed by SiLU becomes one oneDNN kernel that no decomposition reaches.
+    import torch._inductor.config as inductor_config
+    inductor_config.cpp.weight_prepack = False
+    from torch._inductor import decomposition as d
+    def silu(x):
+        return x * torch.sigmoid(x)
+    if bug == "silu_bias":
+        d.decompositions[aten.silu.default] = lambda x: silu(x) * 1.01
+    elif bug == "silu_gross":
+        d.decompositions[aten.silu.default] = lambda x: silu(x) * 1.2
+    elif bug == "gelu_bias":
+        base = d.decompositions[aten.gelu.default]
+        d.decompositions[aten.gelu.default] = lambda x, approximate="none": base(
+            x, approximate=approximate) * 1.01
+    elif bug == "silu_nan":
+        d.decompositions[aten.silu.default] = lambda x: torch.where(
+            (x > 1.0) & (x < 1.02), x * float("nan"), silu(x))
+    elif bug == "silu_local":
+        d.decompositions[aten.silu.default] = lambda x: torch.where(
+            (x > 1.0) & (x < 1.003), torch.zeros_like(x), silu(x))
+    elif bug == "silu_backward":
+        base = d.decompositions[aten.silu_backward.default]
+        d.decompositions[aten.silu_backward.default] = lambda g, x: base(g, x) * 1.01
+
+def hf(name):
+    import transformers as t
+    small = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256,
+                 num_attention_heads=4)
+    if name == "llama":
+        cfg = t.LlamaConfig(vocab_size=512, num_key_value_heads=2, **small)
+        return t.LlamaForCausalLM(cfg), "ids"
+    if name == "gpt2":
+        return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=512, n_layer=2, n_embd=128,
+                                               n_head=4, activation_function="gelu")), "ids"
+    if name == "opt":
+        return t.OPTForCausalLM(t.OPTConfig(vocab_size=512, num_hidden_layers=2,
+                                            hidden_size=128, ffn_dim=256,
+                                            num_attention_heads=4, word_embed_proj_dim=128)), "ids"
+    if name == "bert":
+        return t.BertModel(t.BertConfig(vocab_size=512, **small)), "ids"
+    if name == "vit":
+        return t.ViTModel(t.ViTConfig(image_size=32, patch_size=8, **small)), "pixels"
+    if name == "mlp_silu":
+        return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.SiLU(),
+                                   torch.nn.Linear(1024, 256)), "dense"
+    import timm
+    return timm.create_model(name, pretrained=False, num_classes=100), "image"
+
+model, kind = hf(case["model"])
+model = model.to(device=device, dtype=dtype if not case.get("autocast") else torch.float32)
+gen = torch.Generator(device="cpu").manual_seed(1)
+if kind == "ids":
+    x = (torch.randint(0, 512, (4, 64), generator=gen).to(device),)
+elif kind == "pixels":
+    x = (torch.randn(4, 3, 32, 32, generator=gen).to(device, dtype),)
+elif kind == "image":
+    x = (torch.randn(8, 3, 224, 224, generator=gen).to(device, dtype),)
+else:
+    x = (torch.randn(64, 256, generator=gen).to(device, dtype) * 3,)
+
+def out_of(y):
+    if hasattr(y, "logits"): return y.logits
+    if hasattr(y, "last_hidden_state"): return y.last_hidden_state
+    return y
+
+mode = case.get("mode", "infer")
+compiled = torch.compile(model, dynamic=case.get("dynamic", False))
+if mode == "infer":
+    model.eval()
+    with torch.no_grad():
+        y = out_of(compiled(*x))
+elif mode == "greedy":
+    model.eval()
+    step = torch.compile(lambda ids: out_of(model(ids))[:, -1].argmax(-1))
+    with torch.no_grad():
+        ids = x[0][:, :8]
+        for _ in range(8):
+            ids = torch.cat([ids, step(ids)[:, None]], dim=1)
+else:
+    model.train()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=bool(case.get("autocast"))):
+        loss = out_of(compiled(*x)).float().pow(2).mean()
+    loss.backward()
+import rocm_autopatch
+v = rocm_autopatch.report().verify
+print(json.dumps({"graphs": [{k: g.get(k) for k in ("status", "reason", "judge", "backward",
+                                                     "mismatch")} for g in v["graphs"]]},
+                 default=str))
+'''
+
+MODELS_CPU = ["llama", "gpt2", "opt", "bert", "vit", "mlp_silu"]
+
+
+def cases(device: str) -> List[Dict[str, Any]]:
+    found: List[Dict[str, Any]] = []
+    models = MODELS_CPU + (["resnet50", "vit_base_patch16_224"] if device == "cuda" else [])
+    for model in models:
+        for dtype in ("float32", "bfloat16") + (("float16",) if device == "cuda" else ()):
+            found.append({"model": model, "dtype": dtype})
+    found += [{"model": "llama", "dtype": "bfloat16", "mode": "greedy"},
+              {"model": "gpt2", "dtype": "float32", "mode": "greedy"},
+              {"model": "llama", "dtype": "float32", "mode": "train", "autocast": True},
+              {"model": "llama", "dtype": "bfloat16", "dynamic": True}]
+    bugs = [("silu_bias", "llama"), ("silu_bias", "mlp_silu"), ("gelu_bias", "gpt2"),
+            ("silu_gross", "llama"), ("silu_nan", "mlp_silu"), ("silu_local", "mlp_silu")]
+    for bug, model in bugs:
+        for dtype in ("float32", "bfloat16"):
+            found.append({"model": model, "dtype": dtype, "bug": bug})
+    found.append({"model": "llama", "dtype": "float32", "mode": "train", "bug": "silu_backward"})
+    for case in found:
+        case["device"] = device
+        case["name"] = "-".join(str(case[k]) for k in ("model", "dtype") if k in case) + "".join(
+            f"-{case[k] if k != 'dynamic' else 'dynamic'}" for k in ("mode", "bug", "dynamic")
+            if case.get(k) and case.get(k) != "infer")
+    return found
+
+
+def verdict(graphs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Did the sentinel say wrong, and would torch's criterion alone have?"""
+    ours = any(g["status"] in ("failed", "fell back") for g in graphs)
+    torch_says = any((g.get("judge") or {}).get("torch_criterion") == "failed"
+                     or (g.get("mismatch") or {}).get("torch_ok") is False
+                     or str(g.get("backward", "")).startswith("failed") for g in graphs)
+    skipped = [g["reason"] for g in graphs if g["status"] == "skipped"]
+    return {"ours": ours, "torch": torch_says, "skipped": skipped,
+            "graphs": len(graphs)}
+
+
+def run(case: Dict[str, Any]) -> Dict[str, Any]:
+    env = {**os.environ, "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
+           "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)], capture_output=True,
+                          text=True, env=env, timeout=900)
+    seconds = time.perf_counter() - start
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {**case, "error": proc.stderr.strip()[-600:], "seconds": seconds}
+    return {**case, **verdict(data["graphs"]), "seconds": round(seconds, 1),
+            "detail": data["graphs"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--only", nargs="*")
+    parser.add_argument("--json")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    todo = [c for c in cases(args.device) if not args.only or c["name"] in args.only
+            or any(o in c["name"] for o in args.only)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(run, todo))
+    healthy = [r for r in results if not r.get("bug") and "error" not in r]
+    buggy = [r for r in results if r.get("bug") and "error" not in r]
+    for r in results:
+        if "error" in r:
+            print(f"{r['name']:<44} ERROR {r['error'][-300:]}")
+            continue
+        expect = "bug" if r.get("bug") else "healthy"
+        print(f"{r['name']:<44} {expect:<8} torch: {'wrong' if r['torch'] else 'ok':<6}"
+              f"ours: {'wrong' if r['ours'] else 'ok':<6}{r['graphs']} graphs"
+              + (f", {len(r['skipped'])} not compared" if r["skipped"] else "")
+              + f"  {r['seconds']} s")
+    for who in ("torch", "ours"):
+        caught = sum(r[who] for r in buggy)
+        alarms = sum(r[who] for r in healthy)
+        print(f"{who:>6}: caught {caught}/{len(buggy)} injected bugs; false alarms "
+              f"{alarms}/{len(healthy)} healthy programs")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
