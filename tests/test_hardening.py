@@ -69,8 +69,10 @@ def _report_job(tmp_path: Path, body: str) -> Path:
     return script
 
 
+# Dynamo's eager backend: a real frame compile (the report counts it), without Inductor's
+# seconds of C++ compiling.
 COMPILE = ("import torch\n"
-           "f = torch.compile(lambda x: torch.sin(x) + 1)\n"
+           "f = torch.compile(lambda x: torch.sin(x) + 1, backend='eager')\n"
            "f(torch.randn(4))\n")
 
 
@@ -154,7 +156,7 @@ try:
     torch.compile(lambda x: x.sin(), backend=bad)(torch.ones(2))
 except Exception:
     pass
-torch.compile(lambda x: x.cos())(torch.ones(2))
+torch.compile(lambda x: x.cos(), backend="eager")(torch.ones(2))
 """)
     proc = subprocess.run([torch_venv.python, str(script)], capture_output=True, text=True,
                           env=clean_env(**FORCE, ROCM_AUTOPATCH_REPORT=str(path)), timeout=600)
@@ -189,7 +191,7 @@ def test_a_recompile_keeps_every_guard_failure_torch_logs(torch_venv: Venv,
     path = tmp_path / "r.json"
     script = _report_job(tmp_path, """
 import torch
-f = torch.compile(lambda x: x * 2)
+f = torch.compile(lambda x: x * 2, backend="eager")
 for dtype in (torch.float32, torch.float64, torch.float16):
     f(torch.ones(3, dtype=dtype))
 """)

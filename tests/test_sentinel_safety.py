@@ -83,17 +83,17 @@ def test_ranks_that_would_decide_differently_stay_in_step(torch_venv: Venv,
 MEMORY = r'''
 import json, resource, torch
 def step(cache, pos, x):
-    cache[pos] = x            # an in-place write of a large cache (HF StaticCache style)
+    cache.index_copy_(0, pos, x[None])  # an in-place write of a large cache (StaticCache)
     return x * 2
 f = torch.compile(step)
 cache = torch.zeros(64, 2 * 2**20)  # 512 MiB
 x = torch.ones(2 * 2**20)
-f(cache, 0, x)                # compiled and checked with memory to spare
+f(cache, torch.tensor([0]), x)  # compiled and checked with memory to spare
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 with open("/proc/self/status") as fh:
     size = next(int(l.split()[1]) * 1024 for l in fh if l.startswith("VmSize:"))
 resource.setrlimit(resource.RLIMIT_AS, (size + 300 * 2**20, hard))  # 300 MiB to spare
-y = f(cache, 1, x * 3)
+y = f(cache, torch.tensor([1]), x * 3)
 import rocm_autopatch
 (g,) = rocm_autopatch.report().verify["graphs"]
 print(json.dumps({"ok": bool((cache[1] == 3).all()) and bool((y == 6).all()),

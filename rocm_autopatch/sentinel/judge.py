@@ -36,6 +36,11 @@ TOL_BACKWARD = 1e-2
 LOCAL_ULPS = 16.0  # the worst element may be this many rounding units off float64...
 LOCAL_RATIO = 4.0  # ...and this many times eager's worst element, before it fails
 SYSTEMATIC_RATIO = 1.5  # compiled RMSE against float64, times eager's...
+# ...in bf16/fp16 with 4096 elements or more: there compiled code, which rounds less, was
+# never less accurate than eager on the corpus's 12 healthy low-precision programs (ratio
+# at most 1.000 on the H100), while a 1% bias in one op gave 1.10-1.27
+SYSTEMATIC_RATIO_LOW = 1.05
+LOW_PRECISION_ELEMENTS = 4096
 SYSTEMATIC_FLOOR = 0.5  # ...and at least this many rounding units of the value's RMS
 BIAS_FLOOR = 0.5  # a mean relative error, in rounding units, consistent in sign...
 BIAS_RATIO = 4.0  # ...and this many times eager's own
@@ -134,7 +139,9 @@ def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
             rule = "localized"
             detail = (f"{count} of {fv.numel()} elements off float64 by up to {worst_c:.3g} "
                       f"rounding units (eager's worst: {worst_e:.3g})")
-        elif rms_c > max(SYSTEMATIC_FLOOR, SYSTEMATIC_RATIO * rms_e):
+        elif rms_c > max(SYSTEMATIC_FLOOR, rms_e * (
+                SYSTEMATIC_RATIO_LOW if dtype in LOW_PRECISION
+                and fv.numel() >= LOW_PRECISION_ELEMENTS else SYSTEMATIC_RATIO)):
             rule = "systematic"
             detail = (f"RMSE against float64 {rms_c:.3g} rounding units, eager's "
                       f"{rms_e:.3g}")
