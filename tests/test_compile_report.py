@@ -351,7 +351,7 @@ def test_the_job_view_shows_what_is_readable_and_names_what_is_not(torch_venv: V
     assert "compile report: 1 process" in view.stdout  # good.json only
     for name in bad:  # empty sections are not a process (docs/report.md)
         assert name in view.stderr and name in view.stdout, name
-    assert "schema 99" in view.stdout and "empty sections" in view.stdout
+    assert "schema 99" in view.stdout and "empty sections" in view.stderr  # stdout wraps
     data = json.loads(doctor(torch_venv, "--report", *paths, "--json").stdout)
     assert len(data["unreadable"]) == 5 and len(data["processes"]) == 1
     none = doctor(torch_venv, "--report", *[str(tmp_path / n) for n in bad])
