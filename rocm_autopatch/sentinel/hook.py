@@ -6,9 +6,10 @@ a bf16 miscompile on gfx950 (pytorch#187401). ``ROCM_AUTOPATCH_VERIFY`` watches 
 graph Inductor compiles:
 
 - ``check`` (also ``1``): the first ``ROCM_AUTOPATCH_VERIFY_CALLS`` calls (default 1) of
-  each graph are also run eagerly on the same inputs and judged with torch's accuracy
-  criterion against a float64 reference (``numerics``); one warning names a graph that
-  fails. The program's results are the compiled ones, unchanged.
+  each graph are also run eagerly on the same inputs and in float64 (``numerics``) and
+  judged (``judge``); one warning names a graph that fails. The program's results are the
+  compiled ones, unchanged. A graph that communicates, calls a custom op or calls random
+  ops is not run again (reported, with the reason); nor is one whose runs would not fit.
 - ``fallback``: the same; a graph that fails returns eager's result for that call and runs
   eagerly from then on. Other graphs stay compiled.
 
@@ -16,7 +17,7 @@ Every Inductor compile passes through ``compile_fx`` (``torch/__init__.py``
 ``_TorchCompileInductorWrapper.__call__`` imports it at call time, torch 2.1-2.15; torch's
 ``inductor`` backend calls it too). Other backends are not touched. Unset or ``0``, this
 module is not even imported. What is checked, skipped (and why), passed or failed is in
-``report().verify``, the compile report and the doctor.
+``report().verify``, the compile report, the doctor, and one line at exit.
 """
 
 from __future__ import annotations
@@ -532,7 +533,8 @@ def install(module: types.ModuleType) -> None:
         record.fix(NAME, record.APPLIED,
                    f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
                    "compared with eager against a float64 reference (torch's "
-                   f"torch._dynamo.utils.same); a graph that differs {then}", REF)
+                   "torch._dynamo.utils.same as the floor, and docs/rules.md's rules); a "
+                   f"graph that differs {then}", REF)
 
 
 def verdict() -> str:

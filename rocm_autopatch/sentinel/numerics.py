@@ -1,22 +1,24 @@
-"""Numerics: does a compiled graph compute what the same graph computes eagerly?
+"""The sentinel's runs: what it needs to run a graph again, safely, eagerly and in float64.
 
-The torch-facing machinery of the numerics sentinel (``hook`` owns the hook and the
-policy). For one Dynamo graph and one call's inputs:
+The torch-facing machinery of the numerics sentinel (``hook`` decides when to check,
+``judge`` how to judge). For one Dynamo graph and one call's inputs:
 
 - ``copy_graph``: the graph before Inductor takes it (``compile_fx`` may rewrite the graph
   it is given); the copy shares parameters and submodules, it copies no tensor;
 - ``analyse``: a run on fake tensors (no data, no device work) that finds the inputs the
   graph writes (schema write annotations, the running statistics that batch norm kernels
   update without one, version counters) and the random ops it calls (torch's
-  ``nondeterministic_seeded`` tag);
+  ``nondeterministic_seeded`` tag), the ops that may have side effects (outside torch's
+  own namespaces) and the bytes every tensor it creates takes (the memory budget);
+- ``communicates``: the collectives a graph calls (never run again);
+- ``Snapshot``: the state a call writes, copied once per storage (views stay views);
+- ``quiet``: the program's saved-tensor hooks do not see these runs;
 - ``run_fp64``: the reference in float64 without copying what the graph only reads: each
   node's floating inputs are upcast for that node alone, floating dtypes named in the graph
   become float64 (as torch's ``cast_dtype_args_to_fp64`` does), autocast regions are left
   as they are (autocast never casts float64);
-- ``compare``: torch's own accuracy criterion, ``torch._dynamo.utils.same(ref, res,
-  fp64_ref, tol, equal_nan=True)``, as its minifier (``torch/_dynamo/debug_utils.py``
-  ``same_two_models``) and its benchmark suite use it, plus non-finite values that the
-  compiled graph introduces and eager does not.
+- ``derived_outputs``: integer outputs computed from floats (argmax, comparisons), whose
+  float64 operands the judge reads.
 """
 
 from __future__ import annotations
