@@ -100,6 +100,15 @@ def pth_line() -> str:
             f"{OFF_VALUES!r} or hasattr(sys, '_rocm_autopatch') or exec({TRIGGER!r}, {{}})\n")
 
 
+def torch_autoload(environ=None):
+    """Will torch (>= 2.5) run its backend autoload? Its own rule, to the letter
+    (``torch/__init__.py`` ``_is_device_backend_autoload_enabled``: unset or exactly "1")."""
+    import os
+
+    return (os.environ if environ is None else environ).get(
+        "TORCH_DEVICE_BACKEND_AUTOLOAD", "1") == "1"
+
+
 def installed():
     """The trigger, if any path has installed it in this process."""
     return getattr(sys, "_rocm_autopatch", None)

@@ -11,7 +11,7 @@ import os
 import sys
 
 import _rocm_autopatch_start
-from _rocm_autopatch_start import ENV_MODE
+from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
 
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are strings
 if TYPE_CHECKING:
@@ -35,8 +35,14 @@ finder: "Optional[PostImportFinder]" = None
 
 
 def parse_mode(raw: str) -> str:
-    """``ROCM_AUTOPATCH`` -> "off", "auto" or "force"; anything else warns and is "auto"."""
-    from rocm_autopatch import settings  # stdlib only, like this module
+    """``ROCM_AUTOPATCH`` -> "off", "auto" or "force"; anything else warns and is "auto".
+    Its words are read here (this runs at every ``import torch``, any build); ``settings``,
+    which declares the variable from the same words, is loaded only to word a warning."""
+    value = raw.strip().lower()
+    for mode, words in (("off", OFF_VALUES), ("force", FORCE_VALUES), ("auto", AUTO_VALUES)):
+        if value in words:
+            return mode
+    from rocm_autopatch import settings
 
     found = settings.read(ENV_MODE, {ENV_MODE: raw})
     if found.problem:
@@ -96,9 +102,7 @@ def calls_back(spec: "Any") -> bool:
     Torch 2.5+ does unless ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is not "1"; read from its
     ``__init__.py`` (which defines ``_is_device_backend_autoload_enabled``) without
     importing it, so that a build or a stand-in without the autoload keeps the loader hook."""
-    from rocm_autopatch import settings
-
-    if not settings.torch_autoload():
+    if not _rocm_autopatch_start.torch_autoload():
         return False
     origin = getattr(spec, "origin", None)
     if not origin or not origin.endswith("__init__.py"):

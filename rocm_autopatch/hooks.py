@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Optional, Set, Tuple
 
 # Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
-from rocm_autopatch import bootstrap, importhook, probe, record, settings
+from rocm_autopatch import bootstrap, importhook, probe, record
 
 _lock = threading.RLock()
 _decided = False
@@ -45,7 +45,7 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
                              "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
             importhook.deactivate(bootstrap.finder)
             return False
-        from rocm_autopatch import log
+        from rocm_autopatch import log, settings
 
         report.active = True
         report.profile = log.setting(settings.PROFILE)
@@ -78,7 +78,7 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import config_applier, log
+    from rocm_autopatch import config_applier, log, settings
 
     profile = record.REPORT.profile
     found = {}
@@ -128,7 +128,7 @@ def on_compile_fx(module: ModuleType) -> None:
     """The numerics sentinel; unset or off, not even its package is imported."""
     if not decide():
         return
-    from rocm_autopatch import log
+    from rocm_autopatch import log, settings
 
     if log.setting(settings.VERIFY) == "off":
         return

@@ -15,6 +15,7 @@ import os
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
+from _rocm_autopatch_start import torch_autoload as torch_autoload  # torch's rule, re-exported
 
 # The words of a yes/no variable (unset is no); INDUCTOR_<KEY> booleans take the same.
 TRUE_WORDS = ("1", "true", "on", "yes")
@@ -180,12 +181,6 @@ def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Reading:
         value = var.default if var.instead is None else var.instead
         return Reading(value, raw, f"{name}={raw!r} is not understood; accepted: "
                        f"{var.accepted.replace('`', '')}. {var.if_bad or f'Using {value!r}.'}")
-
-
-def torch_autoload(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Will torch (>= 2.5) run its backend autoload? Its own rule, to the letter
-    (``torch/__init__.py`` ``_is_device_backend_autoload_enabled``: unset or exactly "1")."""
-    return (os.environ if environ is None else environ).get(TORCH_AUTOLOAD, "1") == "1"
 
 
 def markdown() -> str:

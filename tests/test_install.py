@@ -119,7 +119,7 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["ours"] == ["_rocm_autopatch_start", "rocm_autopatch",
                                     "rocm_autopatch.bootstrap", "rocm_autopatch.hooks",
                                     "rocm_autopatch.importhook", "rocm_autopatch.probe",
-                                    "rocm_autopatch.record", "rocm_autopatch.settings"]
+                                    "rocm_autopatch.record"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
