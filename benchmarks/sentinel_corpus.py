@@ -15,6 +15,16 @@ decomposition table (``torch._inductor.decomposition.decompositions``), never in
 - ``silu_local``: SiLU gives 0 for inputs in [1, 1.01) (about 0.1% of the elements), on a
   graph whose output is SiLU's (after another layer the error is no longer local)
 - ``silu_backward``: SiLU's gradient 1% too large (forward exact): training only
+- late bugs (issue 25: they appear after the first call), each run for ``calls`` calls:
+  - ``late_shape``: SiLU 1.5x too large past element 2^16 (ROCm/triton#944's copy kernel,
+    scaled down), under ``dynamic=True`` with the sequence growing by 8 tokens every 10
+    calls: first wrong where 4 x L x 256 >= 2^16;
+  - ``late_magnitude``: SiLU 1.5x too large for inputs beyond 30 (an overflow), the inputs
+    16x larger from call 101;
+  - ``late_range``: SiLU 1.5x too large above 2.5, inputs in [-3, 1] for calls 1-100 and in
+    [-1, 3] after: the same magnitudes, found by sampling only.
+  Their healthy twins run the same loops without the bug. ``calls_to_detection`` is the
+  call that found it minus the first wrong call, at default settings.
 
 Prints one line per case and the detection and false-alarm rates for both criteria.
 """
@@ -64,6 +74,15 @@ if bug:
     elif bug == "silu_backward":
         base = d.decompositions[aten.silu_backward.default]
         d.decompositions[aten.silu_backward.default] = lambda g, x: base(g, x) * 1.01
+    elif bug == "late_shape":
+        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
+            torch.arange(x.numel(), device=x.device).view(x.shape) >= 2**16, 1.5, 1.0)
+    elif bug == "late_magnitude":
+        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
+            x.abs() > 30, 1.5, 1.0)
+    elif bug == "late_range":
+        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
+            x > 2.5, 1.5, 1.0)
 
 def hf(name):
     import transformers as t
@@ -88,6 +107,8 @@ def hf(name):
                                    torch.nn.Linear(1024, 256)), "dense"
     if name == "silu_out":  # SiLU's values are the graph's output: a local error stays local
         return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.SiLU()), "dense"
+    if name == "silu_first":  # SiLU's inputs are the graph's: their values are the test's
+        return torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Linear(256, 256)), "dense"
     import timm
     return timm.create_model(name, pretrained=False, num_classes=100), "image"
 
@@ -121,6 +142,31 @@ elif mode == "greedy":
         ids = x[0][:, :8]
         for _ in range(8):
             ids = torch.cat([ids, step(ids)[:, None]], dim=1)
+elif mode == "late":
+    model.eval()
+    late, calls = case["late"], case["calls"]
+    step = torch.compile(model, dynamic=late == "shape")
+    first_bad = {"shape": None, "magnitude": 101, "range": 101}[late]
+    found = None
+    import rocm_autopatch
+    with torch.no_grad():
+        for i in range(1, calls + 1):
+            if late == "shape":
+                length = 8 * (1 + i // 10)
+                if first_bad is None and 4 * length * 256 >= 2**16:
+                    first_bad = i
+                inp = torch.randint(0, 512, (4, length), generator=gen).to(device)
+            elif late == "magnitude":
+                inp = (torch.randn(64, 256, generator=gen) * 3 * (16 if i > 100 else 1)
+                       ).to(device, dtype)
+            else:
+                inp = (torch.rand(64, 256, generator=gen) * 4 - (3 if i <= 100 else 1)
+                       ).to(device, dtype)
+            step(inp)
+            graphs = rocm_autopatch.report().verify["graphs"]
+            if any(g["status"] in ("failed", "fell back") for g in graphs):
+                break
+    late_result = {"first_bad": first_bad if bug else None, "calls_run": i}
 else:
     model.train()
     with torch.autocast(device, dtype=torch.bfloat16, enabled=bool(case.get("autocast"))):
@@ -128,9 +174,11 @@ else:
     loss.backward()
 import rocm_autopatch
 v = rocm_autopatch.report().verify
-print(json.dumps({"graphs": [{k: g.get(k) for k in ("status", "reason", "judge", "backward",
-                                                     "mismatch")} for g in v["graphs"]]},
-                 default=str))
+KEYS = ("status", "reason", "judge", "backward", "mismatch", "calls", "calls_checked",
+        "checked_because", "shapes", "period", "found_at_call", "found_because",
+        "unverified_calls")
+print(json.dumps({"graphs": [{k: g.get(k) for k in KEYS} for g in v["graphs"]],
+                  "late": globals().get("late_result")}, default=str))
 '''
 
 MODELS_CPU = ["llama", "gpt2", "opt", "bert", "vit", "mlp_silu", "silu_out"]
@@ -152,10 +200,16 @@ def cases(device: str) -> List[Dict[str, Any]]:
         for dtype in ("float32", "bfloat16"):
             found.append({"model": model, "dtype": dtype, "bug": bug})
     found.append({"model": "llama", "dtype": "float32", "mode": "train", "bug": "silu_backward"})
+    late = [("shape", "llama", 400), ("magnitude", "mlp_silu", 400), ("range", "silu_first", 3000)]
+    for kind, model, calls in late:
+        for bug in (None, f"late_{kind}"):
+            found.append({"model": model, "dtype": "bfloat16", "mode": "late", "late": kind,
+                          "calls": calls, **({"bug": bug} if bug else {})})
     for case in found:
         case["device"] = device
         case["name"] = "-".join(str(case[k]) for k in ("model", "dtype") if k in case) + "".join(
-            f"-{case[k] if k != 'dynamic' else 'dynamic'}" for k in ("mode", "bug", "dynamic")
+            f"-{case[k] if k != 'dynamic' else 'dynamic'}"
+            for k in ("mode", "late", "bug", "dynamic")
             if case.get(k) and case.get(k) != "infer")
     return found
 
@@ -184,8 +238,20 @@ def run(case: Dict[str, Any]) -> Dict[str, Any]:
         data = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {**case, "error": proc.stderr.strip()[-600:], "seconds": seconds}
-    return {**case, **verdict(data["graphs"]), "seconds": round(seconds, 1),
-            "detail": data["graphs"]}
+    out = {**case, **verdict(data["graphs"]), "seconds": round(seconds, 1),
+           "detail": data["graphs"]}
+    late = data.get("late")
+    if late:
+        found = [g for g in data["graphs"] if g.get("found_at_call")]
+        out["calls_run"] = late["calls_run"]
+        out["checks"] = sum(g.get("calls_checked") or 0 for g in data["graphs"])
+        if late["first_bad"] and found:
+            out["first_bad"] = late["first_bad"]
+            out["found_at_call"] = found[0]["found_at_call"]
+            out["found_because"] = found[0]["found_because"]
+            out["calls_to_detection"] = found[0]["found_at_call"] - late["first_bad"]
+            out["period"] = found[0]["period"]
+    return out
 
 
 def main() -> int:
@@ -211,6 +277,10 @@ def main() -> int:
         print(f"{r['name']:<44} {expect:<8} torch: {'wrong' if r['torch'] else 'ok':<6}"
               f"ours: {'wrong' if r['ours'] else 'ok':<6}{r['graphs']} graphs"
               + (f", {len(r['skipped'])} not compared" if r["skipped"] else "")
+              + (f", {r['checks']} checks in {r['calls_run']} calls" if "checks" in r else "")
+              + (f"; wrong from call {r['first_bad']}, found at {r['found_at_call']} "
+                 f"({r['found_because']}): {r['calls_to_detection']} calls later, period "
+                 f"{r['period']}" if "found_at_call" in r else "")
               + f"  {r['seconds']} s")
     for who in ("torch", "ours"):
         caught = sum(r[who] for r in buggy)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-SCHEMA = 3  # 3: process.forked_from; frames carry their backward compile seconds
-READABLE = (1, 2, 3)  # 1: before graph breaks came from torch's log (no hints, no backward)
+SCHEMA = 4  # 4: verify graphs carry their coverage (VERIFY_GRAPH); 3: process.forked_from
+READABLE = (1, 2, 3, 4)  # 1: before graph breaks came from torch's log (no hints, no backward)
 
 NUMBER, TEXT, OBJECT, LIST, TOP = "number", "text", "object", "list of objects", "top"
 
@@ -44,6 +44,28 @@ COMPILE: Dict[str, str] = {
     "watchdog_warnings": LIST,
     "cache": OBJECT,
     "unknown": OBJECT,  # what this torch does not count, and why
+}
+
+
+# One graph of ``verify.graphs`` (the numerics sentinel), from schema 4 on.
+VERIFY_GRAPH: Dict[str, str] = {
+    "graph": TEXT,  # Dynamo's compile id, "0/0"
+    "where": TEXT,  # the frame compiled (and the user's line that called into it)
+    "status": TEXT,  # sentinel.status
+    "reason": TEXT,  # why skipped or failed
+    "calls": NUMBER,  # calls run through the sentinel
+    "calls_checked": NUMBER,
+    "checked_because": OBJECT,  # {"first", "shape", "values", "sampled": count}
+    "shapes": OBJECT,  # {"dynamic", "seen", "checked"}
+    "values": OBJECT,  # {"largest_checked", "non_finite_checked", "inputs_followed"}
+    "period": NUMBER,  # sampled checks: every period-th call (0: none yet)
+    "budget": NUMBER,  # ROCM_AUTOPATCH_VERIFY_BUDGET
+    "checks_skipped": NUMBER,  # checks due that could not run (memory...)
+    "skipped_reason": TEXT,  # the last one's reason
+    "unverified_calls": NUMBER,  # at a failure: calls since the last check that passed
+    "backward": TEXT,
+    "mismatch": OBJECT,
+    "seconds": NUMBER,  # spent checking
 }
 
 
@@ -96,8 +118,11 @@ def read(data: Any, env: str) -> Dict[str, Any]:
         compiled[key] = value
     out["compile"] = compiled
     verify = _kind(data.get("verify"), OBJECT, "verify") or {}
-    out["verify"] = {**verify, "graphs": _kind(verify.get("graphs"), LIST, "verify.graphs")
-                     or []}
+    graphs = _kind(verify.get("graphs"), LIST, "verify.graphs") or []
+    for i, graph in enumerate(graphs):
+        for key, kind in VERIFY_GRAPH.items():
+            _kind(graph.get(key), kind, f"verify.graphs[{i}].{key}")
+    out["verify"] = {**verify, "graphs": graphs}
     out["errors"] = [str(e) for e in (data.get("errors") or [])]
     return out
 
@@ -105,5 +130,7 @@ def read(data: Any, env: str) -> Dict[str, Any]:
 def missing(document: Dict[str, Any]) -> List[Tuple[str, str]]:
     """(section, field) declared here that ``document`` lacks (a test holds the writer to
     the declaration)."""
+    graphs = (document.get("verify") or {}).get("graphs") or []
     return ([("process", k) for k in PROCESS if k not in document.get("process", {})]
-            + [("compile", k) for k in COMPILE if k not in document.get("compile", {})])
+            + [("compile", k) for k in COMPILE if k not in document.get("compile", {})]
+            + [("verify.graphs", k) for g in graphs[:1] for k in VERIFY_GRAPH if k not in g])

@@ -166,6 +166,61 @@ def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                                                   -len(e["processes"])))
 
 
+COVERAGE_LINES = 20  # graphs listed in the text view
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """What the numerics sentinel covered, per graph, merged across processes: shapes seen
+    and checked, calls run and checked (why), the largest input magnitude checked, and the
+    statuses (a graph may pass on one rank and fail on another)."""
+    merged: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for report in reports:
+        for g in report["verify"]["graphs"]:
+            key = (str(g.get("graph", "?")), str(g.get("where", "?")))
+            slot = merged.setdefault(key, {
+                "graph": key[0], "where": key[1], "processes": [], "statuses": {},
+                "calls": 0, "calls_checked": 0, "sampled": 0, "shapes_seen": 0,
+                "shapes_checked": 0, "dynamic": False, "largest_checked": None,
+                "unverified_calls": 0})
+            slot["processes"].append(_label(report))
+            state = str(g.get("status", "?"))
+            slot["statuses"][state] = slot["statuses"].get(state, 0) + 1
+            shapes = g.get("shapes") if isinstance(g.get("shapes"), dict) else {}
+            because = (g.get("checked_because")
+                       if isinstance(g.get("checked_because"), dict) else {})
+            values = g.get("values") if isinstance(g.get("values"), dict) else {}
+            slot["calls"] += _count(g.get("calls"))
+            slot["calls_checked"] += _count(g.get("calls_checked"))
+            slot["sampled"] += _count(because.get("sampled"))
+            slot["unverified_calls"] += _count(g.get("unverified_calls"))
+            # Shapes: the most any one process saw (ranks mostly see the same ones).
+            slot["shapes_seen"] = max(slot["shapes_seen"], _count(shapes.get("seen")))
+            slot["shapes_checked"] = max(slot["shapes_checked"], _count(shapes.get("checked")))
+            slot["dynamic"] = slot["dynamic"] or bool(shapes.get("dynamic"))
+            largest = values.get("largest_checked")
+            if isinstance(largest, (int, float)):
+                slot["largest_checked"] = max(largest, slot["largest_checked"] or 0.0)
+    return list(merged.values())
+
+
+def coverage_line(c: Dict[str, Any]) -> str:
+    """One graph in one line: "graph 0/0: 14 shapes, 14 checked; 10,000 calls, 31
+    checked (3 sampled); passed"."""
+    shapes = (f"{c['shapes_seen']:,} shape{'s' if c['shapes_seen'] != 1 else ''}, "
+              f"{c['shapes_checked']:,} checked" if c["dynamic"] else "static shapes")
+    states = c["statuses"]
+    verdict = (next(iter(states)) if len(states) == 1 else
+               ", ".join(f"{state} in {n}" for state, n in sorted(states.items())))
+    ranks = len(c["processes"])
+    return (f"graph {c['graph']}: {shapes}; {c['calls']:,} calls, {c['calls_checked']:,} "
+            f"checked ({c['sampled']:,} sampled); {verdict}"
+            + (f" ({ranks} processes)" if ranks > 1 else ""))
+
+
 def _numerics(report: Dict[str, Any]) -> Dict[str, Any]:
     """The numerics sentinel's totals for one process (mode "off" when it was not on)."""
     info = report["verify"]
@@ -202,6 +257,7 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
         "diverging": diverging(reports),
         "slowest_frames": [{**f, "process": who} for f, who in slowest[:compile_report.TOP]],
         "numerics": _graphs_not_passed(reports),
+        "coverage": coverage(reports),
         "red_flags": flags,
         "healthy": not flags,
     }
@@ -242,6 +298,13 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
             out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
                        f"{e['reason']}")
             out.append(Verbatim(f"      {e['graph']}"))
+        out += ["", "Numerics coverage (per graph, all processes: shapes, calls checked)"]
+        for c in view["coverage"][:COVERAGE_LINES]:
+            out.append(f"  {coverage_line(c)}")
+            out.append(Verbatim(f"      {c['where']}"))
+        if len(view["coverage"]) > COVERAGE_LINES:
+            out.append(f"  ... {len(view['coverage']) - COVERAGE_LINES} more graphs "
+                       "(--json lists them all)")
     out += ["", "Graph breaks (most processes first; as torch logs them)"]
     for e in view["graph_breaks"][:compile_report.TOP]:
         out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}: {e['reason']}")

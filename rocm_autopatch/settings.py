@@ -67,6 +67,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    value = float(text)
+    if not (0 <= value <= 1):
+        raise ValueError(text)
+    return value
+
+
 def _text(text: str) -> str:
     return text
 
@@ -82,6 +89,7 @@ MODE = ENV_MODE
 PROFILE = "ROCM_AUTOPATCH_PROFILE"
 VERIFY = "ROCM_AUTOPATCH_VERIFY"
 VERIFY_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
+VERIFY_BUDGET = "ROCM_AUTOPATCH_VERIFY_BUDGET"
 REPORT = "ROCM_AUTOPATCH_REPORT"
 ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
 COMPILE_IN_CAPTURE = "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE"
@@ -119,7 +127,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "Using check (compiled results, with a warning for a graph that computes "
              "wrong numbers).", "check"),
     Variable(VERIFY_CALLS, _at_least(1), "an integer >= 1 (default 1)", 1,
-             "calls of each graph checked", "the numerics sentinel"),
+             "first calls of each graph always checked", "the numerics sentinel"),
+    Variable(VERIFY_BUDGET, _share, "a share from 0 to 1 (default `0.01`); `0`: none", 0.01,
+             "time the sampled checks of a graph may take, as a share of the graph's own",
+             "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),
     Variable(ALLOW_GRAPHS, _flag, "`1`/`0`", False, "keep Inductor CUDA graphs",

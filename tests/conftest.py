@@ -11,7 +11,10 @@ expected values come from the torch in that venv (``Venv.torch``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import subprocess
@@ -82,6 +85,26 @@ def pip(python: str, *args: str) -> None:
                     *args], check=True, env=clean_env())
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """One pytest-xdist worker at a time (each worker is a session of its own)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def source_digest() -> str:
+    """What the wheel is built from: reinstall when, and only when, this changed."""
+    digest = hashlib.sha256()
+    files = [ROOT / "pyproject.toml", ROOT / "_rocm_autopatch_start.py",
+             ROOT / "rocm_autopatch.pth", ROOT / "rocm_autopatch.start",
+             *sorted((ROOT / "rocm_autopatch").rglob("*.py"))]
+    for file in files:
+        digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
@@ -114,6 +137,32 @@ def torch_venv(wheel: Path) -> Iterator[Venv]:
             pytest.exit(f"{TORCH_VENV_ENV}={given}: no bin/python there", returncode=2)
     else:
         path = Path(os.environ.get("ROCM_AUTOPATCH_TEST_VENV", ROOT / ".cache" / "venv-torch"))
-        make_venv(path, [TORCH_PIN, "numpy", "transformers"])
-    pip(str(path / "bin" / "python"), "--force-reinstall", "--no-deps", str(wheel))
+    with locked(path):
+        if not given:
+            make_venv(path, [TORCH_PIN, "numpy", "transformers"])
+        # Reinstalled only when the source changed: under xdist, a second worker must not
+        # pull the package out from under the first one's running tests.
+        marker, digest = path / ".rocm_autopatch_installed", source_digest()
+        if not marker.exists() or marker.read_text() != digest:
+            pip(str(path / "bin" / "python"), "--force-reinstall", "--no-deps", str(wheel))
+            marker.write_text(digest)
     yield Venv(path)
+
+
+@pytest.fixture(scope="session")
+def torch_links(torch_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch and its dependencies, without rocm-autopatch: links into the torch venv."""
+    links = tmp_path_factory.mktemp("torch-links")
+    for entry in torch_venv.site.iterdir():
+        if entry.name.startswith(("rocm_autopatch", "_rocm_autopatch")) or entry.suffix == ".pth":
+            continue
+        (links / entry.name).symlink_to(entry)
+    return links
+
+
+def new_venv(path: Path, links: Path, *, system_site: bool = False) -> Venv:
+    """A venv of its own (tests that change site-packages) that sees torch via ``links``."""
+    venv.EnvBuilder(with_pip=False, system_site_packages=system_site, symlinks=True).create(path)
+    env = Venv(path)
+    (env.site / "torch_links.pth").write_text(f"{links}\n")  # a path line: runs no code
+    return env

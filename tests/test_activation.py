@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import venv
 from pathlib import Path
 from typing import Dict, List
 
-import pytest
-from conftest import Venv, clean_env
+from conftest import Venv, clean_env, new_venv
 
 from rocm_autopatch import profiles
 
@@ -53,28 +51,10 @@ print(json.dumps({"ours": %s, "recompile_limit": dc.recompile_limit,
 """ % OURS
 
 
-@pytest.fixture(scope="session")
-def torch_links(torch_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """torch and its dependencies, without rocm-autopatch: links into the torch venv."""
-    links = tmp_path_factory.mktemp("torch-links")
-    for entry in torch_venv.site.iterdir():
-        if entry.name.startswith(("rocm_autopatch", "_rocm_autopatch")) or entry.suffix == ".pth":
-            continue
-        (links / entry.name).symlink_to(entry)
-    return links
-
-
 def base_python(torch_venv: Venv) -> str:
     cfg = dict(line.split(" = ", 1) for line in
                (torch_venv.path / "pyvenv.cfg").read_text().splitlines() if " = " in line)
     return cfg["executable"]
-
-
-def new_venv(path: Path, links: Path, *, system_site: bool = False) -> Venv:
-    venv.EnvBuilder(with_pip=False, system_site_packages=system_site, symlinks=True).create(path)
-    env = Venv(path)
-    (env.site / "torch_links.pth").write_text(f"{links}\n")  # a path line: runs no code
-    return env
 
 
 def uv(*args: str, env: Dict[str, str] = None) -> None:

@@ -177,17 +177,20 @@ torch.compile(lambda x: x.cos(), backend="eager")(torch.ones(2))
 def test_the_writer_writes_every_field_the_schema_declares(torch_venv: Venv,
                                                             tmp_path: Path) -> None:
     path = tmp_path / "r.json"
-    script = _report_job(tmp_path, COMPILE)
+    script = _report_job(tmp_path, COMPILE.replace("backend='eager'", "dynamic=True") +
+                         "f(torch.randn(8))\n")  # an Inductor graph: the sentinel's fields
     proc = subprocess.run([torch_venv.python, str(script)], capture_output=True, text=True,
-                          env=clean_env(**FORCE, ROCM_AUTOPATCH_REPORT=str(path)), timeout=600)
+                          env=clean_env(**FORCE, ROCM_AUTOPATCH_REPORT=str(path),
+                                        ROCM_AUTOPATCH_VERIFY="check"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     code = ("import json, sys; from rocm_autopatch import report_schema as s; "
             "d = json.load(open(sys.argv[1])); "
             "print(json.dumps({'schema': d['schema'], 'missing': s.missing(d), "
-            "'extra': sorted(set(d['compile']) - set(s.COMPILE))}))")
+            "'extra': sorted(set(d['compile']) - set(s.COMPILE)), "
+            "'graphs': len(d['verify']['graphs'])}))")
     found = torch_venv.run(code, str(path))
     assert found.returncode == 0, found.stderr
-    assert json.loads(found.stdout) == {"schema": 3, "missing": [], "extra": []}
+    assert json.loads(found.stdout) == {"schema": 4, "missing": [], "extra": [], "graphs": 1}
 
 
 def test_a_recompile_keeps_every_guard_failure_torch_logs(torch_venv: Venv,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import ROOT, Venv, clean_env, make_venv
+from conftest import ROOT, Venv, clean_env, make_venv, new_venv
 
 import _rocm_autopatch_start
 from rocm_autopatch import profiles
@@ -153,13 +153,18 @@ def test_python_I_still_gets_the_hook(torch_venv: Venv) -> None:
     assert out["main"] == SAFE_CORE and out["guard"] == "compile_guard.py"
 
 
-def test_torch_imported_by_an_earlier_pth(torch_venv: Venv) -> None:
-    early = torch_venv.site / "aaa_rocm_autopatch_test_imports_torch.pth"
-    early.write_text("import torch\n")
-    try:
-        out = torch_venv.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
-    finally:
-        early.unlink()
+def test_torch_imported_by_an_earlier_pth(wheel: Path, torch_links: Path, torch_venv: Venv,
+                                         tmp_path: Path) -> None:
+    """A .pth sorted before ours imports torch (in a venv of its own: the shared one's
+    processes must not all import torch at start)."""
+    env = new_venv(tmp_path / "venv", torch_links)
+    subprocess.run([torch_venv.python, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                    str(env.site), str(wheel)], check=True, env=clean_env())
+    (env.site / "torch_links.pth").rename(env.site / "aaa_links.pth")  # torch findable first
+    (env.site / "aab_imports_torch.pth").write_text("import torch\n")
+    assert sorted(p.name for p in env.site.glob("*.pth")) == [
+        "aaa_links.pth", "aab_imports_torch.pth", "rocm_autopatch.pth"]
+    out = env.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
     assert out["main"] == SAFE_CORE and out["guard"] == "compile_guard.py"
 
 

@@ -52,9 +52,13 @@ dist.destroy_process_group()
 def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     script = tmp_path / "job.py"
     script.write_text(JOB)
+    # Caches off: rank 1's miscompile (a patched decomposition) is not in Inductor's cache
+    # key, so with a shared cache a rank could load the other's kernel, and whether it does
+    # depends on which rank wrote last (a CI run failed so: rank 1 correct in one run only).
+    env = {**FORCE, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", **env}
     proc = subprocess.run([str(venv_.path / "bin" / "torchrun"), "--standalone",
                            "--nproc-per-node", "2", str(script)], capture_output=True,
-                          text=True, env=clean_env(**FORCE, **env), timeout=240,
+                          text=True, env=clean_env(**env), timeout=240,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found, text, decoder = [], proc.stdout, json.JSONDecoder()
@@ -97,7 +101,8 @@ y = f(cache, torch.tensor([1]), x * 3)
 import rocm_autopatch
 (g,) = rocm_autopatch.report().verify["graphs"]
 print(json.dumps({"ok": bool((cache[1] == 3).all()) and bool((y == 6).all()),
-                  "status": g["status"], "reason": g["reason"]}))
+                  "status": g["status"], "reason": g["skipped_reason"],
+                  "skipped": g["checks_skipped"], "checked": g["calls_checked"]}))
 '''
 
 
@@ -107,7 +112,10 @@ def test_a_cache_write_near_the_memory_limit_is_skipped_not_fatal(torch_venv: Ve
     was made outside any failure boundary)."""
     out = torch_venv.json(MEMORY, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check",
                                        "ROCM_AUTOPATCH_VERIFY_CALLS": "2"})
-    assert out["ok"] and out["status"] == "skipped", out
+    # The first check passed; the second is counted as skipped, with its reason, and the
+    # graph stays watched (a later call with memory to spare would be checked).
+    assert out["ok"] and out["status"] == "passed", out
+    assert out["skipped"] == 1 and out["checked"] == 1, out
     assert "could not be copied" in out["reason"] or "would need" in out["reason"], out
 
 

@@ -5,9 +5,12 @@ as a model that scores 0 on an eval (vllm-project/vllm#28268), NaN (ROCm/pytorch
 a bf16 miscompile on gfx950 (pytorch#187401). ``ROCM_AUTOPATCH_VERIFY`` watches every
 graph Inductor compiles:
 
-- ``check`` (also ``1``): the first ``ROCM_AUTOPATCH_VERIFY_CALLS`` calls (default 1) of
-  each graph are also run eagerly on the same inputs and in float64 (``numerics``) and
-  judged (``judge``); one warning names a graph that fails. The program's results are the
+- ``check`` (also ``1``): a call that is due (``schedule``: the first
+  ``ROCM_AUTOPATCH_VERIFY_CALLS`` calls, each new shape, inputs beyond the magnitudes
+  checked, calls sampled within ``ROCM_AUTOPATCH_VERIFY_BUDGET`` of the graph's time) is
+  also run eagerly on the same inputs and in float64 (``numerics``) and judged
+  (``judge``); one warning names a graph that fails, the call, and how many calls ran
+  unchecked since its last good check. The program's results are the
   compiled ones, unchanged. A graph that communicates, calls a custom op or calls random
   ops is not run again (reported, with the reason); nor is one whose runs would not fit.
 - ``fallback``: the same; a graph that fails returns eager's result for that call and runs
@@ -30,7 +33,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import compile_frame, frames, log, patching, record, settings
-from rocm_autopatch.sentinel import judge, numerics
+from rocm_autopatch.sentinel import judge, numerics, schedule
 from rocm_autopatch.sentinel.status import (
     ALL,
     FAILED,
@@ -64,8 +67,14 @@ def mode() -> str:
 
 
 def calls() -> int:
-    """``ROCM_AUTOPATCH_VERIFY_CALLS``: how many calls of each graph are checked."""
+    """``ROCM_AUTOPATCH_VERIFY_CALLS``: how many first calls of each graph are checked."""
     return log.setting(settings.VERIFY_CALLS)
+
+
+def budget() -> float:
+    """``ROCM_AUTOPATCH_VERIFY_BUDGET``: the share of a graph's time its sampled checks
+    may take."""
+    return log.setting(settings.VERIFY_BUDGET)
 
 
 def section() -> Dict[str, Any]:
@@ -82,19 +91,22 @@ class Graph:
     """One compiled graph under watch: its eager copy, its compiled function, its record."""
 
     def __init__(self, gm: Any, compiled: Any, graph_id: str, where: str, how: str,
-                 checks: int) -> None:
+                 checks: int, share: float) -> None:
         self.gm = gm
         self.compiled = compiled
         self.how = how
-        self.checks_left = checks
-        self.fast: Any = None  # what every call runs once the checks are over
+        self.fast: Any = None  # what every call runs once the graph is settled for good
         self.lock = threading.Lock()
-        self.analysis: Any = None
+        self.analyses: Dict[Any, Any] = {}  # by shape signature
         self.kept: Dict[Any, Any] = {}
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
+        self.schedule = schedule.Schedule(checks, share,
+                                          schedule.dynamic_inputs(self.placeholders))
         self.entry: Dict[str, Any] = {"graph": graph_id, "where": where, "status": PENDING,
                                       "calls_checked": 0, "reason": "", "mismatch": None,
-                                      "backward": "not checked yet", "seconds": 0.0}
+                                      "backward": "not checked yet", "seconds": 0.0,
+                                      "unverified_calls": 0, "skipped_reason": "",
+                                      **self.schedule.coverage()}
         with record.LOCK:
             found = section()
             found["graphs"].append(self.entry)
@@ -103,6 +115,14 @@ class Graph:
     # ---- state -------------------------------------------------------------------------
 
     def finish(self, status: str, reason: str = "") -> None:
+        """Settle the graph for good: no call of it is checked again."""
+        self.settle(status, reason)
+        if status == SKIPPED:
+            self.entry["backward"] = "not checked: the graph is not compared (see reason)"
+        self.fast = self.eager_call if status == FELL_BACK else self.compiled
+        self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
+
+    def settle(self, status: str, reason: str = "") -> None:
         with record.LOCK:
             totals = section()["totals"]
             totals[self.entry["status"]] -= 1
@@ -110,10 +130,16 @@ class Graph:
             self.entry["status"] = status
             if reason:
                 self.entry["reason"] = reason
-            if status == SKIPPED:
-                self.entry["backward"] = "not checked: the graph is not compared (see reason)"
-        self.fast = self.eager_call if status == FELL_BACK else self.compiled
-        self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
+
+    def skip(self, reason: str) -> None:
+        """This check could not run (memory, a shape that cannot be analysed): said, counted;
+        later calls are still checked."""
+        self.schedule.skipped += 1
+        with record.LOCK:
+            self.entry["skipped_reason"] = reason
+            self.entry["checks_skipped"] = self.schedule.skipped
+        if self.entry["status"] == PENDING:
+            self.settle(SKIPPED, reason)
 
     def label(self) -> str:
         return f"graph {self.entry['graph']} of {self.entry['where']}"
@@ -171,46 +197,88 @@ class Graph:
         try:
             if self.fast is not None:
                 return self.fast(*args)
-            _busy.checking = True
-            start = time.perf_counter()
+            flat, boxed = self.inputs(args)
+            if flat is None:
+                self.finish(SKIPPED, "not checked: called with inputs that do not match the "
+                                     "graph")
+                return self.compiled(*args)
+            plan = self.schedule
+            seen = plan.shapes_seen
             try:
-                return self.check(args)
-            finally:
-                _busy.checking = False
-                with record.LOCK:
-                    self.entry["seconds"] = round(self.entry["seconds"]
-                                                  + time.perf_counter() - start, 3)
+                why = plan.due(flat)
+            except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
+                why = None
+            self.entry["calls"] = plan.calls
+            if plan.shapes_seen != seen:
+                self.entry["shapes"] = plan.coverage()["shapes"]
+            if why is None:
+                res = self.compiled(*args)
+                if plan.dynamic and self.large_output_is_new(res):
+                    return self.timed(args, flat, boxed, schedule.SHAPE, res)
+                return res
+            return self.timed(args, flat, boxed, why, None)
         finally:
             self.lock.release()
 
-    def check(self, args: Tuple[Any, ...]) -> Any:
+    def large_output_is_new(self, res: Any) -> bool:
+        """An output of 2^31 bytes or elements or more, where no checked call had one, from
+        a graph that writes none of its inputs (so it can be checked after the call)."""
+        if (self.schedule.large_output_checked or not self.analyses
+                or any(a.mutated for a in self.analyses.values())):
+            return False
+        return schedule.large(numerics.leaves(res))
+
+    def timed(self, args: Tuple[Any, ...], flat: List[Any], boxed: bool, why: str,
+              res: Any) -> Any:
+        _busy.checking = True
+        start = time.perf_counter()
+        try:
+            return self.check(args, flat, boxed, why, res)
+        finally:
+            _busy.checking = False
+            with record.LOCK:
+                self.entry["seconds"] = round(self.entry["seconds"]
+                                              + time.perf_counter() - start, 3)
+
+    def check(self, args: Tuple[Any, ...], flat: List[Any], boxed: bool, why: str,
+              res: Any) -> Any:
+        """Run this call checked (``res``: the call already ran, and wrote nothing)."""
         import torch
 
-        flat, boxed = self.inputs(args)
-        if flat is None:
-            self.finish(SKIPPED, "not checked: called with inputs that do not match the graph")
-            return self.compiled(*args)
+        count = len(flat)
         # From here, flat is the inputs followed by the tensors the graph holds itself.
         held = numerics.held(self.gm)
         flat += [held[name] for name in self.names]
-        if self.analysis is None:
-            self.analysis = numerics.analyse(self.eager_run, flat)
-        analysis = self.analysis
+        signature = self.schedule.signature(flat)
+        analysis = self.analyses.get(signature)
+        if analysis is None:
+            analysis = numerics.analyse(self.eager_run, flat)
+            if len(self.analyses) < schedule.SHAPE_CAP:
+                self.analyses[signature] = analysis
+        # The check's cost for the budget leaves out the analysis: it runs once per shape.
+        work_start = time.perf_counter()
         if analysis.error:
-            self.finish(SKIPPED, f"not checked: the graph could not be run on fake tensors "
-                                 f"to see what it writes ({analysis.error})")
-            return self.compiled(*args)
+            reason = (f"not checked: the graph could not be run on fake tensors to see "
+                      f"what it writes ({analysis.error})")
+            if self.schedule.checks:
+                self.skip(reason)
+            else:
+                self.finish(SKIPPED, reason)
+            return self.compiled(*args) if res is None else res
         if analysis.random:
             self.finish(SKIPPED, f"not compared: it calls random ops "
                                  f"({', '.join(analysis.random)}), whose compiled and eager "
                                  "results differ by design")
-            return self.compiled(*args)
+            return self.compiled(*args) if res is None else res
         if analysis.effects:
             self.finish(SKIPPED, f"not compared: it calls {', '.join(analysis.effects)}, "
                                  "which torch cannot tell free of side effects (a custom op may "
                                  "count, log or call a runtime): re-running it would do that "
                                  "twice")
-            return self.compiled(*args)
+            return self.compiled(*args) if res is None else res
+        if self.schedule.magnitudes is None:
+            self.schedule.magnitudes = schedule.Magnitudes(
+                schedule.watched_inputs(flat, count, analysis.mutated))
         mutated = sorted(analysis.mutated)
         # The budget is decided before anything is copied, from what the fake run saw.
         need = numerics.reference_bytes(
@@ -218,30 +286,37 @@ class Graph:
         device = next((t.device for t in flat if isinstance(t, torch.Tensor)), None)
         room = _free_bytes(device) if device is not None else None
         if room is not None and need > room * MEMORY_SHARE:
-            self.finish(SKIPPED, f"not checked: its eager and float64 references would need "
-                                 f"about {need / 2**30:.2f} GiB, more than half of the "
-                                 f"{room / 2**30:.2f} GiB free")
-            return self.compiled(*args)
+            self.skip(f"not checked: its eager and float64 references would need about "
+                      f"{need / 2**30:.2f} GiB, more than half of the {room / 2**30:.2f} GiB "
+                      "free")
+            return self.compiled(*args) if res is None else res
         try:
+            values = self.schedule.magnitudes.now(flat)
             pre = numerics.Snapshot(flat, analysis.mutated)  # the state before this call
         except Exception as exc:  # noqa: BLE001 - out of memory, odd aliasing: not checked
-            self.finish(SKIPPED, "not checked: the state it writes could not be copied "
-                                 f"({type(exc).__name__}: {_first(exc)})")
+            self.skip("not checked: the state it writes could not be copied "
+                      f"({type(exc).__name__}: {_first(exc)})")
             _release()
-            return self.compiled(*args)
-        before = numerics.versions(flat)
-        res = self.compiled(*args)
-        unforeseen = numerics.changed(flat, before) - analysis.mutated
-        if unforeseen:
-            self.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
-                                 f"{sorted(unforeseen)} that the analysis did not foresee")
-            return res
+            return self.compiled(*args) if res is None else res
+        call_seconds = 0.0
+        if res is None:
+            before = numerics.versions(flat)
+            _sync(device)
+            began = time.perf_counter()
+            res = self.compiled(*args)
+            _sync(device)
+            call_seconds = time.perf_counter() - began
+            unforeseen = numerics.changed(flat, before) - analysis.mutated
+            if unforeseen:
+                self.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
+                                     f"{sorted(unforeseen)} that the analysis did not foresee")
+                return res
         try:
             with numerics.quiet():
                 bad, outputs = self.compare(flat, pre, res, mutated)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
-            self.finish(SKIPPED, "not checked: computing the eager or float64 reference "
-                                 f"failed ({type(exc).__name__}: {_first(exc)})")
+            self.skip("not checked: computing the eager or float64 reference "
+                      f"failed ({type(exc).__name__}: {_first(exc)})")
             _release()
             return res
         grad = torch.is_grad_enabled()
@@ -249,17 +324,20 @@ class Graph:
             self.entry["backward"] = "not applicable: gradients are off (inference)"
         elif not bad:
             self.entry["backward"] = self.check_backward(flat, pre, res, boxed)
+        passed = not bad and not self.entry["backward"].startswith(FAILED)
+        self.schedule.checked(why, flat, values, passed, call_seconds,
+                              time.perf_counter() - work_start, numerics.leaves(res))
         with record.LOCK:
             self.entry["calls_checked"] += 1
+            self.entry.update(self.schedule.coverage())
         if bad:
             if grad:
                 self.entry["backward"] = "not checked: the forward pass already differs"
-            return self.failed(bad[0], outputs, flat, pre, res, grad, "forward")
-        if self.entry["backward"].startswith(FAILED):
-            return self.failed(None, outputs, flat, pre, res, grad, "backward")
-        self.checks_left -= 1
-        if self.checks_left <= 0:
-            self.finish(PASSED)
+            return self.failed(bad[0], outputs, flat, pre, res, grad, "forward", why)
+        if not passed:
+            return self.failed(None, outputs, flat, pre, res, grad, "backward", why)
+        if self.entry["status"] in (PENDING, SKIPPED):
+            self.settle(PASSED)
         return res
 
     def compare(self, flat: List[Any], pre: Any, res: Any, mutated: List[int]
@@ -348,13 +426,22 @@ class Graph:
     # ---- a graph that computes wrong numbers ---------------------------------------------
 
     def failed(self, m: Any, outputs: int, flat: List[Any], pre: Any, res: Any,
-               grad: bool, which: str) -> Any:
-
+               grad: bool, which: str, why: str) -> Any:
         what = self.entry["backward"] if m is None else _describe(m, outputs, self.gm)
+        plan = self.schedule
+        # The calls between the last check that passed and this one ran unchecked.
+        unverified = max(plan.calls - plan.last_good - 1, 0) if plan.last_good else 0
         with record.LOCK:
             self.entry["mismatch"] = None if m is None else {
                 **m._asdict(), "what": ("output" if m.index < outputs else "written input"),
                 "origin": numerics.origin(self.gm, m.index) if m.index < outputs else ""}
+            self.entry["found_at_call"] = plan.calls
+            self.entry["found_because"] = why
+            self.entry["unverified_calls"] = unverified
+        when = (f" Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" +
+                (f"; the {unverified:,} call(s) since its last good check (call "
+                 f"{plan.last_good:,}) ran compiled and may have returned wrong numbers."
+                 if unverified else ".")) if plan.calls > 1 else ""
         falling_back = self.how == "fallback"
         if falling_back:
             # This call gets eager's result, computed on the real inputs from their state
@@ -362,14 +449,16 @@ class Graph:
             pre.restore(flat)
             with numerics.grad_mode(grad):
                 res = self.gm(*flat[:len(self.placeholders)])
-        self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager")
+        self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager"
+                    + (f" (at call {plan.calls:,}, {schedule.BECAUSE[why]})"
+                       if plan.calls > 1 else ""))
         then = (" This call returned eager's result and this graph runs eagerly from now on; "
                 "other graphs stay compiled." if falling_back else
                 f" Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
                 "this graph eagerly instead.")
         log.warn_once(("verify", id(self)),
                       f"numerics: {self.label()} computes wrong numbers when compiled: "
-                      f"{what}.{then} Compiled kernels that silently compute wrong numbers "
+                      f"{what}.{when}{then} Compiled kernels that silently compute wrong numbers "
                       f"have been reported on AMD GPUs ({REF}); to report this one, "
                       "TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a minimal "
                       "repro, and `rocm-autopatch doctor --json` the environment.")
@@ -439,6 +528,14 @@ def _release() -> None:
         pass
 
 
+def _sync(device: Any) -> None:
+    """Wait for ``device``'s queued work (a check times the compiled call alone)."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def _free_bytes(device: Any) -> Optional[int]:
     """Free memory where ``device``'s tensors live; None when it cannot be read."""
     try:
@@ -455,7 +552,7 @@ def _free_bytes(device: Any) -> Optional[int]:
     return None
 
 
-def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
+def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
     def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_busy, "compiling", False):
             return original(model_, example_inputs_, *args, **kwargs)
@@ -470,7 +567,8 @@ def wrap_compile_fx(original: Any, how: str, checks: int) -> Any:
             _busy.compiling = False
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
-        graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks)
+        graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks,
+                      share)
         talks = numerics.communicates(gm)
         if talks:  # decided from the graph alone: the same on every rank
             graph.finish(SKIPPED, f"not compared: it communicates ({', '.join(talks)}); "
@@ -519,22 +617,23 @@ def install(module: types.ModuleType) -> None:
             return
         if patching.ours(getattr(module, "compile_fx", None)):
             return
-        checks = calls()
+        checks, share = calls(), budget()
         if patching.wrap(module, "compile_fx",
-                         lambda original: wrap_compile_fx(original, how, checks),
+                         lambda original: wrap_compile_fx(original, how, checks, share),
                          like_original=True) is None:
             record.fix(NAME, record.SKIPPED, "torch._inductor.compile_fx has no compile_fx "
                        "here: nothing checked", REF)
             return
-        info.update(mode=how, calls=checks)
+        info.update(mode=how, calls=checks, budget=share)
         atexit.register(say_verdict)
         then = ("returns eager's result and runs that graph eagerly from then on"
                 if how == "fallback" else "warns; results stay the compiled ones")
         record.fix(NAME, record.APPLIED,
-                   f"{ENV}={how}: the first {checks} call(s) of each Inductor graph are "
-                   "compared with eager against a float64 reference (torch's "
-                   "torch._dynamo.utils.same as the floor, and docs/rules.md's rules); a "
-                   f"graph that differs {then}", REF)
+                   f"{ENV}={how}: the first {checks} call(s) of each Inductor graph, each new "
+                   "shape, inputs beyond the magnitudes checked and calls sampled within "
+                   f"{share:.1%} of the graph's time are compared with eager against a "
+                   "float64 reference (torch's torch._dynamo.utils.same as the floor, and "
+                   f"docs/rules.md's rules); a graph that differs {then}", REF)
 
 
 def verdict() -> str:

@@ -1,0 +1,132 @@
+"""The sentinel follows shapes, values and time (issue 25), through the installed wheel:
+miscompiles that appear only at a later shape, with larger values or after many calls are
+caught when they appear (or within the sampling bound), a healthy dynamic graph raises no
+alarm over many shapes, and the coverage is in the report and the doctor. Each miscompile
+is made in what Inductor compiles (a patched decomposition), as in test_verify."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from conftest import Venv, clean_env
+
+FORCE = {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+
+# BUG is the body of a wrong silu; the loop runs CALLS calls of INPUT(i) and stops at the
+# first call whose graph is no longer "passed".
+JOB = r'''
+import json, sys, torch
+from torch._inductor import decomposition as d
+def bad_silu(x):
+    return BUG
+d.decompositions[torch.ops.aten.silu.default] = bad_silu
+w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
+f = torch.compile(lambda x: torch.nn.functional.silu(x) @ w + x, dynamic=DYNAMIC)
+gen = torch.Generator().manual_seed(0)
+import rocm_autopatch
+results = []
+for i in range(1, CALLS + 1):
+    x = INPUT
+    y = f(x)
+    with torch.no_grad():
+        right = torch.nn.functional.silu(x) @ w + x
+    results.append(bool(torch.allclose(y, right, atol=1e-3, rtol=1e-3)))
+    (g,) = rocm_autopatch.report().verify["graphs"]
+    if g["status"] not in ("passed", "pending"):
+        break
+print(json.dumps({**g, "results": results}))
+'''
+
+
+def _job(venv: Venv, bug: str, input_: str, calls: int, dynamic: bool = False,
+         **env: str) -> tuple:
+    code = (JOB.replace("BUG", bug).replace("INPUT", input_).replace("CALLS", str(calls))
+            .replace("DYNAMIC", str(dynamic)))
+    proc = venv.run(code, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_miscompile_at_a_later_shape_is_caught_at_its_first_call(torch_venv: Venv) -> None:
+    """Wrong past element 2^13 (ROCm/triton#944's copy kernel, scaled down), under
+    dynamic=True: one graph serves every size; before, only its first call was checked."""
+    bug = ("x * torch.sigmoid(x) * torch.where("
+           "torch.arange(x.numel()).view(x.shape) >= 8192, 1.5, 1.0)")
+    sizes = "[8, 16, 24, 32, 40, 16, 8, 72, 40][i - 1]"
+    g, err = _job(torch_venv, bug, f"torch.randn({sizes}, 128, generator=gen)", 9,
+                  dynamic=True)
+    assert g["status"] == "failed" and g["found_at_call"] == 8, g  # 72 x 128 > 8192
+    assert g["found_because"] == "shape" and g["results"][-1] is False
+    assert g["shapes"] == {"dynamic": True, "seen": 6, "checked": 6}, g["shapes"]
+    assert g["calls_checked"] == 6 and g["checked_because"]["shape"] == 5
+    assert "Found at call 8 (a new shape)" in err
+
+
+def test_larger_magnitudes_after_100_ordinary_calls_are_caught_when_they_come(
+        torch_venv: Venv) -> None:
+    """Wrong only for activations beyond 50 (as an overflow is); calls 1-100 are ordinary,
+    call 101 on have 100 times larger inputs. Under fallback, the warning says how many calls
+    ran unchecked, and from the call where it is found on the results are eager's."""
+    bug = "x * torch.sigmoid(x) * torch.where(x.abs() > 50, 1.5, 1.0)"
+    input_ = "torch.randn(32, 128, generator=gen) * (1 if i <= 100 else 100)"
+    g, err = _job(torch_venv, bug, input_, 110, ROCM_AUTOPATCH_VERIFY="fallback")
+    assert g["status"] == "fell back" and g["found_at_call"] == 101, g
+    assert g["found_because"] == "values" and g["unverified_calls"] == 99, g
+    assert g["results"] == [True] * 101  # the failing call returned eager's result
+    assert "the 99 call(s) since its last good check (call 1) ran compiled" in err
+
+
+def test_values_that_stay_in_range_are_caught_by_sampling_within_the_bound(
+        torch_venv: Venv) -> None:
+    """Wrong for activations above 2.5 only: calls 1-100 have values in [-3, 1], later ones
+    in [-1, 3], the same magnitudes. Only a sampled call can find it: within one period
+    (ROCM_AUTOPATCH_VERIFY_BUDGET=0.5 keeps the period short on the CPU)."""
+    bug = "x * torch.sigmoid(x) * torch.where(x > 2.5, 1.5, 1.0)"
+    input_ = "torch.rand(32, 128, generator=gen) * 4 - (3 if i <= 100 else 1)"
+    g, _ = _job(torch_venv, bug, input_, 3000, ROCM_AUTOPATCH_VERIFY_BUDGET="0.5")
+    assert g["status"] == "failed" and g["found_because"] == "sampled", g
+    assert 101 <= g["found_at_call"] <= 100 + g["period"], g
+    assert g["unverified_calls"] >= g["found_at_call"] - 101 >= 0
+    # Without sampling (budget 0), only the first call is checked: missed.
+    off, _ = _job(torch_venv, bug, input_, 300, ROCM_AUTOPATCH_VERIFY_BUDGET="0")
+    assert off["status"] == "passed" and off["calls_checked"] == 1, off
+    assert off["results"][150] is False  # the miscompile is real
+
+
+HEALTHY = r'''
+import json, torch
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64), torch.nn.GELU())
+def step(x):
+    return torch.softmax(m(x) @ x.transpose(-1, -2), -1).sum(-1)
+f = torch.compile(step, dynamic=True)
+with torch.no_grad():
+    for i in range(60):
+        f(torch.randn(2 + (i * 7) % 40, 64) * (1 + i % 3))  # 40 sizes, none 0 or 1
+import rocm_autopatch
+print(json.dumps(rocm_autopatch.report().verify["graphs"]))
+'''
+
+
+def test_a_healthy_dynamic_graph_over_many_shapes_raises_no_alarm_and_reports_coverage(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """40 sizes, 60 calls: 16 shapes checked (the cap), the rest counted; nothing said but
+    the verdict; the doctor's job view gives the graph's coverage in one line."""
+    report = tmp_path / "r.json"
+    proc = torch_venv.run(HEALTHY, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check",
+                                        "ROCM_AUTOPATCH_REPORT": str(report)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (g,) = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert g["status"] == "passed" and "WARNING" not in proc.stderr, proc.stderr
+    assert g["calls"] == 60 and g["shapes"]["seen"] == 40, g
+    assert 16 <= g["shapes"]["checked"] <= 40 and g["calls_checked"] >= 16, g
+    assert g["values"]["inputs_followed"] == 1 and g["values"]["largest_checked"] > 3
+    doctor = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor",
+                             "--report", str(report)], capture_output=True, text=True,
+                            env=clean_env(), timeout=120)
+    line = (f"graph 0/0: 40 shapes, {g['shapes']['checked']} checked; 60 calls, "
+            f"{g['calls_checked']} checked ({g['checked_because']['sampled']} sampled); passed")
+    assert f"  {line}\n" in doctor.stdout, doctor.stdout
+    assert max(len(s) for s in doctor.stdout.splitlines() if "step" not in s) <= 80
