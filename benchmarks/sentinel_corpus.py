@@ -18,7 +18,7 @@ decomposition table (``torch._inductor.decomposition.decompositions``), never in
 - late bugs (issue 25: they appear after the first call), each run for ``calls`` calls:
   - ``late_shape``: SiLU 1.5x too large past element 2^16 (ROCm/triton#944's copy kernel,
     scaled down), under ``dynamic=True`` with the sequence growing by 8 tokens every 10
-    calls: first wrong where 4 x L x 256 >= 2^16;
+    calls: first wrong where 4 x L x 256 > 2^16;
   - ``late_magnitude``: SiLU 1.5x too large for inputs beyond 30 (an overflow), the inputs
     16x larger from call 101;
   - ``late_range``: SiLU 1.5x too large above 2.5, inputs in [-3, 1] for calls 1-100 and in
@@ -75,14 +75,15 @@ if bug:
         base = d.decompositions[aten.silu_backward.default]
         d.decompositions[aten.silu_backward.default] = lambda g, x: base(g, x) * 1.01
     elif bug == "late_shape":
-        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
-            torch.arange(x.numel(), device=x.device).view(x.shape) >= 2**16, 1.5, 1.0)
+        d.decompositions[aten.silu.default] = lambda x: torch.where(
+            torch.arange(x.numel(), device=x.device).view(x.shape) >= 2**16,
+            silu(x) * 1.5, silu(x))
     elif bug == "late_magnitude":
-        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
-            x.abs() > 30, 1.5, 1.0)
+        d.decompositions[aten.silu.default] = lambda x: torch.where(
+            x.abs() > 30, silu(x) * 1.5, silu(x))
     elif bug == "late_range":
-        d.decompositions[aten.silu.default] = lambda x: silu(x) * torch.where(
-            x > 2.5, 1.5, 1.0)
+        d.decompositions[aten.silu.default] = lambda x: torch.where(
+            x > 2.5, silu(x) * 1.5, silu(x))
 
 def hf(name):
     import transformers as t
@@ -153,7 +154,7 @@ elif mode == "late":
         for i in range(1, calls + 1):
             if late == "shape":
                 length = 8 * (1 + i // 10)
-                if first_bad is None and 4 * length * 256 >= 2**16:
+                if first_bad is None and 4 * length * 256 > 2**16:
                     first_bad = i
                 inp = torch.randint(0, 512, (4, length), generator=gen).to(device)
             elif late == "magnitude":
@@ -175,7 +176,8 @@ else:
 import rocm_autopatch
 v = rocm_autopatch.report().verify
 KEYS = ("status", "reason", "judge", "backward", "mismatch", "calls", "calls_checked",
-        "checked_because", "shapes", "period", "found_at_call", "found_because",
+        "checked_because", "shapes", "period", "values_stride", "found_at_call",
+        "found_because",
         "unverified_calls")
 print(json.dumps({"graphs": [{k: g.get(k) for k in KEYS} for g in v["graphs"]],
                   "late": globals().get("late_result")}, default=str))

@@ -59,6 +59,9 @@ VERIFY_GRAPH: Dict[str, str] = {
     "shapes": OBJECT,  # {"dynamic", "seen", "checked"}
     "values": OBJECT,  # {"largest_checked", "non_finite_checked", "inputs_followed"}
     "period": NUMBER,  # sampled checks: every period-th call (0: none yet)
+    "values_stride": NUMBER,  # magnitudes are read every stride-th call
+    "sampled_calls": "list",  # the last sampled checks' call numbers
+    "budget_spent": NUMBER,  # checks beyond the first calls, as a share of the graph's time
     "budget": NUMBER,  # ROCM_AUTOPATCH_VERIFY_BUDGET
     "checks_skipped": NUMBER,  # checks due that could not run (memory...)
     "skipped_reason": TEXT,  # the last one's reason

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from conftest import Venv, clean_env
 
+from rocm_autopatch.sentinel.schedule import CALIBRATE_AFTER
+
 FORCE = {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
 
 # BUG is the body of a wrong silu; the loop runs CALLS calls of INPUT(i) and stops at the
@@ -67,15 +69,23 @@ def test_a_miscompile_at_a_later_shape_is_caught_at_its_first_call(torch_venv: V
 def test_larger_magnitudes_after_100_ordinary_calls_are_caught_when_they_come(
         torch_venv: Venv) -> None:
     """Wrong only for activations beyond 50 (as an overflow is); calls 1-100 are ordinary,
-    call 101 on have 100 times larger inputs. Under fallback, the warning says how many calls
-    ran unchecked, and from the call where it is found on the results are eager's."""
+    call 101 on have 100 times larger inputs. Magnitudes are read every ``values_stride``-th
+    call (its cost kept within 0.25% of the graph's time): found by the first read from call
+    101 on. Under fallback, the warning says how many calls ran unchecked (those from 101
+    returned wrong numbers), and the call where it is found returns eager's result."""
     bug = "x * torch.sigmoid(x) * torch.where(x.abs() > 50, 1.5, 1.0)"
     input_ = "torch.randn(32, 128, generator=gen) * (1 if i <= 100 else 100)"
-    g, err = _job(torch_venv, bug, input_, 110, ROCM_AUTOPATCH_VERIFY="fallback")
-    assert g["status"] == "fell back" and g["found_at_call"] == 101, g
-    assert g["found_because"] == "values" and g["unverified_calls"] == 99, g
-    assert g["results"] == [True] * 101  # the failing call returned eager's result
-    assert "the 99 call(s) since its last good check (call 1) ran compiled" in err
+    g, err = _job(torch_venv, bug, input_, 1200, ROCM_AUTOPATCH_VERIFY="fallback")
+    found, stride = g["found_at_call"], g["values_stride"]
+    assert g["status"] == "fell back" and g["found_because"] == "values", g
+    assert found % stride == 0 and 101 <= found < 101 + stride, g
+    good = 1 + CALIBRATE_AFTER  # the last check that passed: the calibrating sampled one
+    assert g["sampled_calls"] == [good] and g["unverified_calls"] == found - 1 - good, g
+    results = g["results"]
+    assert results[:100] == [True] * 100 and results[-1] is True  # eager's, at the finding
+    assert not any(results[100:-1])  # the miscompile is real: unchecked calls were wrong
+    assert (f"the {found - 1 - good} call(s) since its last good check (call {good}) ran "
+            "compiled") in err
 
 
 def test_values_that_stay_in_range_are_caught_by_sampling_within_the_bound(
@@ -87,7 +97,10 @@ def test_values_that_stay_in_range_are_caught_by_sampling_within_the_bound(
     input_ = "torch.rand(32, 128, generator=gen) * 4 - (3 if i <= 100 else 1)"
     g, _ = _job(torch_venv, bug, input_, 3000, ROCM_AUTOPATCH_VERIFY_BUDGET="0.5")
     assert g["status"] == "failed" and g["found_because"] == "sampled", g
-    assert 101 <= g["found_at_call"] <= 100 + g["period"], g
+    # The first sampled call after the bug appears finds it: by 100 + the period.
+    found, earlier = g["found_at_call"], g["sampled_calls"][:-1]
+    assert g["sampled_calls"][-1] == found and all(c <= 100 for c in earlier), g
+    assert 101 <= found <= 100 + g["found_period"] and found % g["found_period"] == 0, g
     assert g["unverified_calls"] >= g["found_at_call"] - 101 >= 0
     # Without sampling (budget 0), only the first call is checked: missed.
     off, _ = _job(torch_venv, bug, input_, 300, ROCM_AUTOPATCH_VERIFY_BUDGET="0")

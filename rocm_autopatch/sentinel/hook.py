@@ -437,6 +437,8 @@ class Graph:
                 "origin": numerics.origin(self.gm, m.index) if m.index < outputs else ""}
             self.entry["found_at_call"] = plan.calls
             self.entry["found_because"] = why
+            if why == schedule.SAMPLED:
+                self.entry["found_period"] = plan.sampled_period
             self.entry["unverified_calls"] = unverified
         when = (f" Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" +
                 (f"; the {unverified:,} call(s) since its last good check (call "

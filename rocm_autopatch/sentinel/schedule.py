@@ -14,12 +14,13 @@ watched for the whole run:
   only within the budget;
 - a call whose watched inputs leave the magnitudes checked so far (more than
   ``REGIME_FACTOR`` times the largest checked, or non-finite where no checked call had
-  any) is checked. Magnitudes come from one reduction queued with the call, read when the
-  device has it (a call or more later on a GPU; never a synchronisation);
+  any) is checked. Magnitudes come from one reduction queued with the call (every
+  ``stride``-th call, ``stride`` keeping its cost within ``VALUES_SHARE`` of the graph's
+  time), read when the device has it (some calls later on a GPU; never a synchronisation);
 - every ``period``-th call is checked while the sampled checks' cost stays within
   ``ROCM_AUTOPATCH_VERIFY_BUDGET`` of the graph's own time. ``period`` is a power of two
-  made from the costs measured at the checks; calls are chosen by their number, never by a
-  random draw or the clock.
+  made from the costs measured at warm checks (one is made ``CALIBRATE_AFTER`` calls after
+  the first ones); calls are chosen by their number, never by a random draw or the clock.
 
 What decides is the call's number, its inputs' shapes and values and the costs measured;
 nothing random. Graphs that communicate are never re-run (``hook``), so a rank that checks
@@ -29,6 +30,7 @@ a call another rank does not cannot pair collectives wrongly.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
@@ -42,6 +44,11 @@ SHAPE_CAP = 16  # new shape signatures always checked, per graph
 REGIME_FACTOR = 4.0  # "well beyond": two binades above the largest magnitude checked
 WATCH_MAX = 16  # inputs whose magnitudes are followed, per graph
 WATCH_NUMEL = 2**26  # larger inputs (a KV cache) are not reduced at every call
+READ_EVERY = 4  # on a GPU, the running maximum is copied to the host every 4 reductions
+# Following values may take this share of the graph's time: the reduction runs every
+# ``stride``-th call, ``stride`` the power of two that keeps its measured cost within it.
+VALUES_SHARE = 0.0025
+CALIBRATE_AFTER = 32  # the calls after the first ones at which a warm check is timed
 SEEN_MAX = 1 << 16  # signatures remembered; past that, counted only
 
 
@@ -73,28 +80,33 @@ def _size_class(x: Any) -> int:
 
 
 class Magnitudes:
-    """max |x| of the watched inputs: one queued reduction per call, read when ready.
+    """max |x| of the watched inputs, without a synchronisation.
 
-    On the CPU the values are those of this call. On a GPU they are copied to pinned host
-    memory behind an event and read at a later call, once the event has completed; while
-    one is in flight no other is queued (the cost stays one small reduction per call)."""
+    On the CPU each call's values are read at once. On a GPU each call queues one
+    ``_foreach_norm`` and folds it into a running maximum on the device; every
+    ``READ_EVERY`` calls the running maximum is copied to pinned host memory behind an
+    event and restarted, and it is read at the first call after the event has completed.
+    A value that grows at any call is seen (a maximum forgets nothing), a few calls later."""
 
     def __init__(self, watch: List[int]) -> None:
         self.watch = watch
         self.stopped = ""  # why values are no longer followed ("" while they are)
-        self.ints: List[bool] = []  # which of the pending values are integer inputs
-        self.pending: Optional[Tuple[Any, Any, Tuple[int, ...]]] = None
+        self.running: Any = None  # the device's running maximum since the last read
+        self.folded = 0  # calls folded into it
+        self.host: Any = None  # pinned: the last copy queued
+        self.event: Any = None
+        self.reading: Tuple[int, ...] = ()  # the inputs of the copy in flight
 
     def now(self, flat: List[Any]) -> Dict[int, float]:
         """This call's values, waiting for them (a call that is checked synchronises)."""
         try:
             tensors, indices = self._chosen(flat)
-            return dict(zip(indices, _to_host(_reduce(tensors), tensors))) if tensors else {}
+            return dict(zip(indices, _reduce(tensors).tolist())) if tensors else {}
         except Exception as exc:  # noqa: BLE001 - as in measure
             return self._stop(exc)
 
     def measure(self, flat: List[Any]) -> Dict[int, float]:
-        """Values that are ready: this call's on the CPU, an earlier one's on a GPU. A
+        """Values that are ready: this call's on the CPU, earlier calls' on a GPU. A
         failure (an input that changed device, an op this build lacks) stops following
         values for this graph, and never reaches the program."""
         try:
@@ -103,31 +115,33 @@ class Magnitudes:
             return self._stop(exc)
 
     def _stop(self, exc: Exception) -> Dict[int, float]:
-        self.watch, self.pending = [], None
+        self.watch, self.running, self.reading = [], None, ()
         self.stopped = f"{type(exc).__name__}: {str(exc).strip()[:160]}"
         return {}
 
     def _measure(self, flat: List[Any]) -> Dict[int, float]:
-        ready: Dict[int, float] = {}
-        if self.pending is not None:
-            event, host, indices = self.pending
-            if not event.query():
-                return ready
-            ready = dict(zip(indices, _combine(host.tolist(), self.ints)))
-            self.pending = None
         tensors, indices = self._chosen(flat)
         if not tensors:
-            return ready
-        parts = _reduce(tensors)
-        if tensors[0].device.type != "cuda":
-            return dict(zip(indices, _to_host(parts, tensors)))
-        values = torch.cat([p.float() for p in parts])
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        host.copy_(values, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.ints = [not t.is_floating_point() for t in tensors]
-        self.pending = (event, host, tuple(indices))
+            return {}
+        values = _reduce(tensors)
+        if values.device.type != "cuda":
+            return dict(zip(indices, values.tolist()))
+        ready: Dict[int, float] = {}
+        if self.reading and self.event.query():
+            ready = dict(zip(self.reading, self.host.tolist()))
+            self.reading = ()
+        if self.running is None or self.running.shape != values.shape:
+            self.running, self.folded = values, 0
+        else:
+            torch.maximum(self.running, values, out=self.running)  # NaN stays NaN
+        self.folded += 1
+        if not self.reading and self.folded >= READ_EVERY:
+            if self.host is None or self.host.shape != values.shape:
+                self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                self.event = torch.cuda.Event()
+            self.host.copy_(self.running, non_blocking=True)
+            self.event.record()
+            self.reading, self.running = tuple(indices), None
         return ready
 
     def _chosen(self, flat: List[Any]) -> Tuple[List[Any], List[int]]:
@@ -136,27 +150,15 @@ class Magnitudes:
         return [t for _, t in chosen], [i for i, _ in chosen]
 
 
-def _reduce(tensors: List[Any]) -> List[Any]:
-    """Device tensors holding max |x| of each tensor: the floating ones' in one foreach
-    kernel (in their order), then (min, max) of each integer one."""
-    floats = [t for t in tensors if t.is_floating_point()]
-    parts = [torch.stack(torch._foreach_norm(floats, float("inf")))] if floats else []
-    return parts + [torch.stack(torch.aminmax(t)) for t in tensors
-                    if not t.is_floating_point()]
-
-
-def _combine(values: List[float], ints: List[bool]) -> List[float]:
-    """The flat host values of ``_reduce``, back in the tensors' order, one per tensor."""
-    floats = iter(values[:sum(not i for i in ints)])
-    pairs = iter(values[sum(not i for i in ints):])
-    return [max(-next(pairs), next(pairs)) if is_int else next(floats) for is_int in ints]
-
-
-def _to_host(parts: List[Any], tensors: List[Any]) -> List[float]:
-    values: List[float] = []
-    for part in parts:
-        values += part.tolist()
-    return _combine(values, [not t.is_floating_point() for t in tensors])
+def _reduce(tensors: List[Any]) -> Any:
+    """A float32 device tensor: max |x| of each tensor, in one foreach kernel (integer
+    inputs are cast first)."""
+    inputs = [t if t.is_floating_point() else t.float() for t in tensors]
+    try:
+        norms = torch._foreach_norm(inputs, float("inf"), dtype=torch.float32)
+    except TypeError:  # no dtype argument on this release
+        norms = [n.float() for n in torch._foreach_norm(inputs, float("inf"))]
+    return torch.stack(norms)
 
 
 def watched_inputs(flat: List[Any], count: int, written: Any) -> List[int]:
@@ -191,10 +193,15 @@ class Schedule:
         self.checked_max: Dict[int, float] = {}
         self.checked_non_finite: Set[int] = set()
         self.magnitudes: Optional[Magnitudes] = None  # set once the graph is analysed
+        self.stride = 1  # magnitudes are followed every stride-th call
+        self.measure_seconds: Optional[float] = None
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.spent = 0.0  # seconds the sampled checks took beyond their compiled call
-        self.sampled_overhead: Optional[float] = None
+        self.overheads: List[float] = []  # of the checks, beyond their compiled call
+        self.warm: List[float] = []  # the same, of checks after the first calls
+        self.sampled_calls: List[int] = []  # the last sampled checks' call numbers
+        self.sampled_period = 0  # the period in force at the last sampled check
         self.period = 0  # sampled checks: every period-th call (0: none yet)
         self.last_good = 0  # the last call whose check passed
         self.skipped = 0  # checks that were due and could not be run (memory...)
@@ -231,19 +238,45 @@ class Schedule:
                           or self.size_class(flat) not in self.checked_classes
                           or self.affordable()):
             return SHAPE
-        if self.magnitudes is not None and self._new_regime(self.magnitudes.measure(flat)):
-            return VALUES
-        if self.period and n % self.period == 0 and self.affordable():
+        if self.magnitudes is not None and n % self.stride == 0:
+            began = time.perf_counter()
+            values = self.magnitudes.measure(flat)
+            self._costs(time.perf_counter() - began)
+            if self._new_regime(values):
+                return VALUES
+        if self.budget > 0 and n == self.first + CALIBRATE_AFTER:
+            # One early sampled check measures a warm check and a warm call: the first
+            # call's include one-time costs (kernels loaded, caches filled) that would
+            # make the period far too long.
+            self.sampled_calls = (self.sampled_calls + [n])[-8:]
+            self.sampled_period = n
+            return SAMPLED
+        if self.period and n % self.period == 0:
+            self.sampled_calls = (self.sampled_calls + [n])[-8:]
+            self.sampled_period = self.period
             return SAMPLED
         return None
 
+    def _costs(self, seconds: float) -> None:
+        """The reduction's cost (the cheapest seen: what it costs once warm) sets
+        ``stride``."""
+        self.measure_seconds = min(self.measure_seconds or seconds, seconds)
+        if self.call_seconds:
+            ratio = self.measure_seconds / (VALUES_SHARE * self.call_seconds)
+            self.stride = 1 << max(0, math.ceil(math.log2(max(ratio, 1.0))))
+
     def affordable(self) -> bool:
-        """Would one more sampled check keep their cost within the budget's share of the
-        graph's own time so far?"""
-        if self.budget <= 0 or self.call_seconds is None:
+        """Would one more check past the shape cap keep the checks beyond the first calls
+        within the budget's share of the graph's own time so far?"""
+        if self.budget <= 0 or self.call_seconds is None or not self.overheads:
             return False
-        cost = self.sampled_overhead if self.sampled_overhead is not None else 0.0
-        return self.spent + cost <= self.budget * self.calls * self.call_seconds
+        return self.spent + self.overhead() <= self.budget * self.calls * self.call_seconds
+
+    def overhead(self) -> float:
+        """What a check costs beyond its compiled call: the lower median of the last eight
+        warm ones (the first calls' checks are cold: used only until a warm one ran)."""
+        recent = sorted(self.warm[-8:] or self.overheads[-8:])
+        return recent[(len(recent) - 1) // 2]
 
     def _new_regime(self, values: Dict[int, float]) -> bool:
         for i, value in values.items():
@@ -274,13 +307,14 @@ class Schedule:
         if call_seconds > 0:
             self.call_seconds = min(self.call_seconds or call_seconds, call_seconds)
         overhead = max(check_seconds - call_seconds, 0.0)
-        if why == SAMPLED or (why == SHAPE and len(self.checked_shapes) > SHAPE_CAP):
+        self.overheads = (self.overheads + [overhead])[-8:]
+        if why != FIRST:
+            self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
-            self.sampled_overhead = overhead
         if self.budget > 0 and self.call_seconds:
             # A power of two: ranks that measure costs within a factor of two of each
             # other sample the same calls (or one's are a subset of the other's).
-            ratio = (self.sampled_overhead or overhead) / (self.budget * self.call_seconds)
+            ratio = self.overhead() / (self.budget * self.call_seconds)
             self.period = 1 << max(0, math.ceil(math.log2(max(ratio, 1.0))))
 
     def coverage(self) -> Dict[str, Any]:
@@ -298,7 +332,10 @@ class Schedule:
                        "inputs_followed": len(self.magnitudes.watch) if self.magnitudes
                        else 0,
                        "stopped": self.magnitudes.stopped if self.magnitudes else ""},
-            "period": self.period, "budget": self.budget,
+            "period": self.period, "budget": self.budget, "values_stride": self.stride,
+            "sampled_calls": list(self.sampled_calls),
+            "budget_spent": round(self.spent / (self.calls * self.call_seconds), 5)
+            if self.calls and self.call_seconds else 0.0,
             "checks_skipped": self.skipped,
             "large_output_checked": self.large_output_checked,
         }
