@@ -209,8 +209,8 @@ class Graph:
             except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
                 why = None
             self.entry["calls"] = plan.calls
-            if plan.shapes_seen != seen:
-                self.entry["shapes"] = plan.coverage()["shapes"]
+            if plan.shapes_seen != seen or plan.stride != self.entry["values_stride"]:
+                self.entry.update(plan.coverage())
             if why is None:
                 res = self.compiled(*args)
                 if plan.dynamic and self.large_output_is_new(res):
