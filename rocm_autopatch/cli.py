@@ -15,7 +15,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from _rocm_autopatch_start import say
-from rocm_autopatch import profiles, settings
+from rocm_autopatch import caches, profiles, settings
 from rocm_autopatch.text import Verbatim, fit
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
@@ -57,6 +57,15 @@ def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
             found = settings.read(var, environ)
             row["note"] = found.problem or settings.BY_NAME[var].meaning
             row["flag"] = "red" if found.problem else "ok"
+        if var in caches.FORCE_VARS and value.strip() == "1" and (
+                report.get("platform") == "rocm" or report.get("forced")):
+            keep = environ.get(caches.KEEP_OFF, "").strip().lower() in settings.TRUE_WORDS
+            row["flag"] = "kept" if keep else "red"
+            row["note"] = ("every compile cache is off: each run and each rank compiles "
+                           "everything again" + (f"; kept as you asked ({caches.KEEP_OFF}=1)"
+                                                 if keep else
+                                                 f"; fix: unset {var} (torch pins it; "
+                                                 f"{caches.KEEP_OFF}=1 keeps it)"))
         why = RED_FLAGS.get(var)
         if why and value.strip() == "1" and not (
                 report.get("platform") not in ("rocm", "unknown") and not report.get("forced")):
@@ -103,6 +112,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["gpus"] = probe.gpu_archs()
     data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
     data["environment"] = environment_audit(report, environ)
+    data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
     data["left_out"] = profiles.LEFT_OUT
     data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
                          if r["flag"] == "red"]
@@ -176,6 +186,12 @@ def _human(data: Dict[str, Any]) -> str:
             out.append(f"      {row['note']}")
     if not data["environment"]:
         out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL or ROCM_AUTOPATCH variables set)")
+    where = data["caches"]
+    out += ["", "Compile caches (Inductor, Triton)", f"  {where['inductor']}",
+            f"  {where['triton']}"]
+    if where["temporary"]:
+        out.append(f"      under a temporary directory: a new container compiles everything "
+                   f"again; {settings.CACHE}=DIR keeps them in a directory you mount")
     out += ["", "Configuration (key: before -> after, source, status)"]
     if not r["active"]:
         out.append("  nothing applied: torch's own configuration is in use")

@@ -55,6 +55,11 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
             from rocm_autopatch import compile_report
 
             compile_report.arm()
+        if settings.CACHE in os.environ or any(v.endswith("FORCE_DISABLE_CACHES")
+                                               for v in os.environ):
+            from rocm_autopatch import caches  # unset: not even loaded
+
+            caches.install(torch)
         return True
 
 

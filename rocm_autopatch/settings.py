@@ -91,6 +91,7 @@ VERIFY = "ROCM_AUTOPATCH_VERIFY"
 VERIFY_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
 VERIFY_BUDGET = "ROCM_AUTOPATCH_VERIFY_BUDGET"
 REPORT = "ROCM_AUTOPATCH_REPORT"
+CACHE = "ROCM_AUTOPATCH_CACHE"
 ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
 COMPILE_IN_CAPTURE = "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE"
 WATCHDOG = "ROCM_AUTOPATCH_COMPILE_WATCHDOG"
@@ -133,6 +134,9 @@ VARIABLES: Tuple[Variable, ...] = (
              "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),
+    Variable(CACHE, _text, "a directory (unset: torch's defaults)", "",
+             "keep the compile caches there, per torch, Triton and GPU (mount it: they "
+             "survive the container and serve every rank)", "Inductor's and Triton's caches"),
     Variable(ALLOW_GRAPHS, _flag, "`1`/`0`", False, "keep Inductor CUDA graphs",
              "the profile's graph keys and torch.compile's modes", "CUDA graphs stay off."),
     Variable(COMPILE_IN_CAPTURE, _flag, "`1`/`0` (default)", False,

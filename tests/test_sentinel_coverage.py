@@ -14,7 +14,7 @@ from conftest import Venv, clean_env
 
 from rocm_autopatch.sentinel.schedule import CALIBRATE_AFTER
 
-FORCE = {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+FORCE = {"ROCM_AUTOPATCH": "force", "INDUCTOR_FORCE_DISABLE_CACHES": "1"}
 
 # BUG is the body of a wrong silu; the loop runs CALLS calls of INPUT(i) and stops at the
 # first call whose graph is no longer "passed".

@@ -55,7 +55,7 @@ def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     # Caches off: rank 1's miscompile (a patched decomposition) is not in Inductor's cache
     # key, so with a shared cache a rank could load the other's kernel, and whether it does
     # depends on which rank wrote last (a CI run failed so: rank 1 correct in one run only).
-    env = {**FORCE, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", **env}
+    env = {**FORCE, "INDUCTOR_FORCE_DISABLE_CACHES": "1", **env}
     proc = subprocess.run([str(venv_.path / "bin" / "torchrun"), "--standalone",
                            "--nproc-per-node", "2", str(script)], capture_output=True,
                           text=True, env=clean_env(**env), timeout=240,

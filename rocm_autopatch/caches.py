@@ -1,0 +1,135 @@
+"""The compile caches: where they live (``ROCM_AUTOPATCH_CACHE``) and the variable that
+turns them all off (``TORCHINDUCTOR_FORCE_DISABLE_CACHES``).
+
+A first compile of minutes is normal on AMD GPUs (sglang#6830, vllm#34399), and a
+container restart pays it again: torch's caches default to ``/tmp/torchinductor_<user>``
+and Triton's to ``~/.triton``, and both vanish with the container. ``ROCM_AUTOPATCH_CACHE=
+DIR`` (a directory the user mounts) points both at ``DIR/<torch>-<triton>-<arch>/``: an
+upgrade of torch or Triton, or another GPU, gets a directory of its own, so nothing stale
+is ever loaded. It sets ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR``, which torch
+and Triton read when they first compile (``torch/_inductor/runtime/cache_dir_utils.py``
+``cache_dir``; Triton's ``knobs.cache.dir``), never where the user set them (theirs win).
+Ranks and processes of one machine share it: torch and Triton write each entry to a
+temporary file and rename it (``torch/_inductor/codecache.py`` ``write_atomic``; Triton's
+``FileCacheManager.put``), so no reader sees a partial one and no writer waits for another.
+
+There is no default when it is unset: in a container the home directory vanishes as /tmp
+does, and only the user knows which directory is mounted. The doctor says where the caches
+are and whether that is under a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from types import ModuleType
+from typing import Any, Dict, List, Optional
+
+from rocm_autopatch import log, probe, record, settings
+
+NAME = "compile_cache"  # its entry in report().fixes
+FORCE_VARS = ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_FORCE_DISABLE_CACHES")
+KEEP_OFF = settings.override_var("force_disable_caches")  # INDUCTOR_FORCE_DISABLE_CACHES
+TORCH_DIR, TRITON_DIR = "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"
+REF = "sglang#6830, vllm#34399, pytorch#170621"
+FORCE_REF = "torch/compiler/config.py force_disable_caches (env_name_force), torch 2.13"
+
+
+def wanted(environ: Optional[Dict[str, str]] = None) -> bool:
+    """Is there anything for this module to do (read from the environment only)?"""
+    env = os.environ if environ is None else environ
+    return bool(env.get(settings.CACHE, "").strip()) or any(v in env for v in FORCE_VARS)
+
+
+def _triton_version() -> str:
+    from importlib import metadata
+
+    for dist in ("triton", "pytorch-triton-rocm", "pytorch-triton"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "none"
+
+
+def key(torch: ModuleType, archs: Optional[List[str]] = None) -> str:
+    """The subdirectory for this torch, Triton and GPU: ``torch-2.13.0-triton-3.5.0-gfx942``."""
+    found = probe.arch_names() if archs is None else archs
+    arch = "+".join(sorted(set(found))) or probe.platform_of(torch)
+    text = f"torch-{torch.__version__}-triton-{_triton_version()}-{arch}"
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def install(torch: ModuleType) -> None:
+    """At activation: flag the variable that turns caches off; point the caches at
+    ``ROCM_AUTOPATCH_CACHE``. Never raises."""
+    try:
+        _flag_force()
+        root = log.setting(settings.CACHE).strip()
+        if root:
+            _redirect(torch, root)
+    except Exception as exc:  # noqa: BLE001 - the program goes on, with torch's defaults
+        log.hook_failed("torch", "rocm_autopatch.caches.install", exc)
+
+
+def forced_off(environ: Optional[Dict[str, str]] = None) -> List[str]:
+    """The variables set that turn every compile cache off (``1``, as torch reads them)."""
+    env = os.environ if environ is None else environ
+    return [f"{v}={env[v]}" for v in FORCE_VARS if env.get(v, "").strip() == "1"]
+
+
+def _flag_force() -> None:
+    found = forced_off()
+    if not found:
+        return
+    if os.environ.get(KEEP_OFF, "").strip().lower() in settings.TRUE_WORDS:
+        record.fix(NAME, record.SKIPPED, f"{found[0]}: compile caches off, as {KEEP_OFF} "
+                   "asks", FORCE_REF)
+        return
+    text = (f"{found[0]} is set in this environment (container images do this): every "
+            "compile cache is off, so every run and every rank compiles everything again "
+            f"(first compiles of minutes on AMD GPUs: {REF}). torch pins it ({FORCE_REF}): "
+            f"unset it to get the caches back; to keep it and silence this, set {KEEP_OFF}=1.")
+    record.fix(NAME, record.FAILED, text, FORCE_REF)
+    log.warn_once(("caches", "force"), text)
+
+
+def _redirect(torch: ModuleType, root: str) -> None:
+    where = os.path.join(os.path.abspath(os.path.expanduser(root)), key(torch))
+    theirs = [v for v in (TORCH_DIR, TRITON_DIR) if os.environ.get(v, "").strip()]
+    try:
+        for sub in ("inductor", "triton"):
+            os.makedirs(os.path.join(where, sub), exist_ok=True)
+        probe_file = tempfile.NamedTemporaryFile(dir=where, prefix=".write-test-")
+        probe_file.close()
+    except OSError as exc:
+        text = (f"{settings.CACHE}={root}: cannot write to {where} ({exc.strerror or exc}); "
+                "the compile caches stay where torch puts them (give a writable directory, "
+                "e.g. one mounted into the container)")
+        record.fix(NAME, record.FAILED, text, REF)
+        log.warn_once(("caches", "dir"), text)
+        return
+    set_here = []
+    for var, sub in ((TORCH_DIR, "inductor"), (TRITON_DIR, "triton")):
+        if var not in theirs:
+            os.environ[var] = os.path.join(where, sub)
+            set_here.append(var)
+    kept = f"; kept your {', '.join(theirs)}" if theirs else ""
+    record.fix(NAME, record.APPLIED if set_here else record.SKIPPED,
+               f"{settings.CACHE}: compile caches in {where} (per torch, Triton and GPU: an "
+               f"upgrade never loads stale kernels){kept}" if set_here else
+               f"{settings.CACHE} not used: {', '.join(theirs)} set (yours win)", REF)
+
+
+def where_now(environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Where torch's and Triton's caches go in this environment, and whether that is under
+    a temporary directory (the doctor's line)."""
+    env = os.environ if environ is None else environ
+    user = env.get("USER") or env.get("LOGNAME") or "user"
+    inductor = env.get(TORCH_DIR) or os.path.join(tempfile.gettempdir(),
+                                                  f"torchinductor_{user}")
+    triton = env.get(TRITON_DIR) or os.path.join(env.get("HOME", "~"), ".triton", "cache")
+    temp = tempfile.gettempdir()
+    return {"inductor": inductor, "triton": triton,
+            "temporary": os.path.abspath(inductor).startswith(temp + os.sep)}

@@ -1,0 +1,169 @@
+"""Compile caches (issue 27), through the installed wheel with real compiles: a fresh /tmp
+(a new container, as far as torch can tell) hits the caches kept under
+ROCM_AUTOPATCH_CACHE, two ranks share them, another GPU or torch gets a directory of its
+own, torch's own variable wins, a directory that cannot be written costs nothing, a
+truncated entry is recompiled, and TORCHINDUCTOR_FORCE_DISABLE_CACHES is flagged. Hits
+and misses are torch's own counters (``counters["inductor"]["fxgraph_cache_*"]``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Dict
+
+from conftest import Venv, clean_env
+
+JOB = r'''
+import json, os, torch
+from torch._dynamo.utils import counters
+f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) * 2 + 1)
+x = torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+ok = bool(torch.allclose(f(x), torch.nn.functional.gelu(x @ x.T) * 2 + 1, atol=1e-5))
+import rocm_autopatch
+fix = rocm_autopatch.report().fixes.get("compile_cache")
+print(json.dumps({"ok": ok, "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                  "triton": os.environ.get("TRITON_CACHE_DIR"),
+                  "fix": dict(fix) if fix else None}))
+'''
+
+
+def _run(venv: Venv, tmp_path: Path, name: str, **env: str) -> tuple:
+    """One process with a /tmp of its own (TMPDIR): torch's default cache dir is new."""
+    fresh = tmp_path / f"tmp-{name}"
+    fresh.mkdir()
+    proc = venv.run(JOB, env={"ROCM_AUTOPATCH": "force", "TMPDIR": str(fresh), **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _kfd(root: Path, target: int) -> str:
+    """A FAKE KFD topology with one GPU of gfx target ``target`` (stands for the GPU)."""
+    (root / "0").mkdir(parents=True)
+    (root / "0" / "properties").write_text("gfx_target_version 0\n")
+    (root / "1").mkdir()
+    (root / "1" / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {target}\n")
+    return str(root)
+
+
+def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv: Venv,
+                                                                     tmp_path: Path) -> None:
+    # Without it: torch's cache is under /tmp, and a fresh /tmp compiles again.
+    plain = [_run(torch_venv, tmp_path, f"plain{i}")[0] for i in (1, 2)]
+    assert [(r["hit"], r["miss"]) for r in plain] == [(0, 1), (0, 1)]
+    root = tmp_path / "mounted"
+    env = {"ROCM_AUTOPATCH_CACHE": str(root), "ROCM_AUTOPATCH_KFD_TOPOLOGY":
+           _kfd(tmp_path / "kfd942", 90402)}
+    first, _ = _run(torch_venv, tmp_path, "cold", **env)
+    second, err = _run(torch_venv, tmp_path, "warm", **env)
+    assert first["ok"] and second["ok"]
+    assert (first["hit"], first["miss"]) == (0, 1) and (second["hit"], second["miss"]) == (1, 0)
+    (sub,) = root.iterdir()  # torch-<version>-triton-<version>-gfx942
+    assert sub.name.startswith("torch-2.") and sub.name.endswith("-gfx942"), sub.name
+    assert second["dir"] == str(sub / "inductor") and second["triton"] == str(sub / "triton")
+    assert second["fix"]["status"] == "applied" and str(sub) in second["fix"]["reason"]
+    assert "WARNING" not in err
+    # Another GPU (or torch, or Triton) gets its own directory: nothing stale is loaded.
+    other, _ = _run(torch_venv, tmp_path, "gfx950", ROCM_AUTOPATCH_CACHE=str(root),
+                    ROCM_AUTOPATCH_KFD_TOPOLOGY=_kfd(tmp_path / "kfd950", 90500))
+    assert (other["hit"], other["miss"]) == (0, 1)
+    assert sorted(p.name.rsplit("-", 1)[1] for p in root.iterdir()) == ["gfx942", "gfx950"]
+
+
+def test_torchs_own_variable_wins(torch_venv: Venv, tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    out, _ = _run(torch_venv, tmp_path, "own", ROCM_AUTOPATCH_CACHE=str(tmp_path / "ours"),
+                  TORCHINDUCTOR_CACHE_DIR=str(theirs))
+    assert out["dir"] == str(theirs) and any(theirs.iterdir())
+    assert out["triton"].startswith(str(tmp_path / "ours"))  # the one they did not set
+    assert "kept your TORCHINDUCTOR_CACHE_DIR" in out["fix"]["reason"]
+
+
+def test_a_directory_that_cannot_be_written_costs_nothing(torch_venv: Venv,
+                                                          tmp_path: Path) -> None:
+    locked = tmp_path / "read-only"
+    locked.mkdir(mode=0o500)
+    target = "/proc/rocm-autopatch-cannot-be-here" if Path("/proc").is_dir() else str(locked)
+    out, err = _run(torch_venv, tmp_path, "ro", ROCM_AUTOPATCH_CACHE=target)
+    assert out["ok"] and out["miss"] == 1 and out["fix"]["status"] == "failed"
+    assert out["dir"] is None or not out["dir"].startswith(target)
+    assert f"ROCM_AUTOPATCH_CACHE={target}: cannot write" in err
+
+
+def test_a_truncated_entry_is_recompiled(torch_venv: Venv, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    _run(torch_venv, tmp_path, "write", ROCM_AUTOPATCH_CACHE=str(root))
+    entries = [p for p in root.rglob("*") if p.is_file() and ("fxgraph" in p.parts
+                                                              or "aotautograd" in p.parts)]
+    assert entries
+    for entry in entries:
+        entry.write_bytes(entry.read_bytes()[:20])
+    out, err = _run(torch_venv, tmp_path, "read", ROCM_AUTOPATCH_CACHE=str(root))
+    assert out["ok"] and (out["hit"], out["miss"]) == (0, 1)
+    assert "pickle data was truncated" in err  # torch's own warning, then a recompile
+
+
+def _flagged(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if "FORCE_DISABLE_CACHES=1 is set" in line]
+
+
+def test_force_disable_caches_is_flagged_once_and_kept_when_asked(torch_venv: Venv,
+                                                                  tmp_path: Path) -> None:
+    hostile: Dict[str, str] = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    out, err = _run(torch_venv, tmp_path, "hostile", **hostile)
+    (line,) = _flagged(err)
+    assert "unset it" in line and "INDUCTOR_FORCE_DISABLE_CACHES=1" in line
+    assert (out["hit"], out["miss"]) == (0, 0) and out["fix"]["status"] == "failed"
+    doctor = [str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor"]
+    proc = subprocess.run(doctor, capture_output=True, text=True, timeout=300,
+                          env=clean_env(ROCM_AUTOPATCH="force", **hostile))
+    assert proc.returncode == 1 and "! TORCHINDUCTOR_FORCE_DISABLE_CACHES=1" in proc.stdout
+    # Asked for through our override: kept, nothing said, the doctor marks it kept.
+    keep = {**hostile, "INDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    out, err = _run(torch_venv, tmp_path, "kept", **keep)
+    assert not _flagged(err) and out["fix"]["status"] == "skipped"
+    proc = subprocess.run(doctor, capture_output=True, text=True, timeout=300,
+                          env=clean_env(ROCM_AUTOPATCH="force", **keep))
+    assert "= TORCHINDUCTOR_FORCE_DISABLE_CACHES=1" in proc.stdout, proc.stdout
+    assert "! TORCHINDUCTOR_FORCE_DISABLE_CACHES" not in proc.stdout
+
+
+RANKS = r'''
+import json, os, torch, torch.distributed as dist
+from torch._dynamo.utils import counters
+dist.init_process_group("gloo")
+f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) * 2 + 1)
+x = torch.randn(32, 32, generator=torch.Generator().manual_seed(dist.get_rank()))
+ok = bool(torch.allclose(f(x), torch.nn.functional.gelu(x @ x.T) * 2 + 1, atol=1e-5))
+dist.barrier()
+print(json.dumps({"rank": dist.get_rank(), "ok": ok,
+                  "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"]}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_two_ranks_share_one_directory(torch_venv: Venv, tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    root = tmp_path / "shared"
+
+    def job(name: str) -> list:
+        fresh = tmp_path / f"tmp-{name}"
+        fresh.mkdir()
+        proc = subprocess.run([str(torch_venv.path / "bin" / "torchrun"), "--standalone",
+                               "--nproc-per-node", "2", str(script)], capture_output=True,
+                              text=True, timeout=300, cwd=str(tmp_path), env=clean_env(
+                                  ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_CACHE=str(root),
+                                  TMPDIR=str(fresh)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [json.loads(s[s.index("{"):]) for s in proc.stdout.splitlines() if '"rank"' in s]
+        return sorted(lines, key=lambda r: r["rank"])
+
+    first = job("cold")
+    assert [r["ok"] for r in first] == [True, True]
+    assert sum(r["hit"] + r["miss"] for r in first) == 2  # each rank looked once
+    second = job("warm")
+    assert [(r["ok"], r["hit"], r["miss"]) for r in second] == [(True, 1, 0), (True, 1, 0)]
