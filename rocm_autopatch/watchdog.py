@@ -1,11 +1,16 @@
-"""The compile watchdog: one warning when a single compilation runs past a threshold.
+"""The compile watchdog: a warning when a single compilation runs past a threshold, then
+what it is doing until it ends.
 
 Runaway autotuning shows as a compile that never ends, with no message (the
-max-autotune benchmarks in BENCHMARKS.md did not finish in 200 s). The compile-frame hook
-(``compile_frame``) arms a one-shot timer for each Dynamo frame compile (Inductor's
-included) and cancels it when the compile returns. If it fires, it logs what is being
-compiled, for how long, the settings that usually cause it and the fix. It never stops or
-slows the compile; no thread exists while no compile runs.
+max-autotune benchmarks in BENCHMARKS.md did not finish in 200 s), and a normal first
+compile of minutes on AMD GPUs looks the same (sglang#6830, vllm#34399): users kill jobs
+they believe hung. The compile-frame hook (``compile_frame``) arms a timer for each Dynamo
+frame compile (Inductor's included) and cancels it when the compile returns. If it fires,
+it warns: what is being compiled, for how long, the settings that usually cause it and the
+fix. From then on, at most one line every ``min(threshold, 60 s)`` says what the compile has
+done since it started, from torch's own counters (kernels compiled and reused, GEMMs
+autotuned, FX graph cache hits), and one line gives its total when it ends: rank 0 only, on
+stderr. It never stops or slows the compile; no thread exists while no compile runs.
 ``ROCM_AUTOPATCH_COMPILE_WATCHDOG=SECONDS`` (``0`` turns it off).
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import time
 from typing import Any, Dict, List, Tuple
 
 from rocm_autopatch import frames, log, record, settings
@@ -57,14 +63,76 @@ def _warn(call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
         f"goes on; this is only a warning ({ENV}=0 turns it off).")
 
 
-def arm(where: Tuple[str, int, str], seconds: float) -> threading.Timer:
-    """Count a compile of ``where`` and start its one-shot timer (cancel it when done)."""
+# torch's counters (torch._dynamo.utils.counters["inductor"]) that say what a compile is
+# doing, and how a progress line names them (torch/_inductor/async_compile.py,
+# select_algorithm.py, codecache.py, torch 2.13).
+PROGRESS = (("async_compile_cache_miss", "kernels compiled"),
+            ("async_compile_cache_hit", "kernels reused"),
+            ("select_algorithm_autotune", "GEMMs autotuned"),
+            ("select_algorithm_num_precompiles", "autotuning candidates built"),
+            ("fxgraph_cache_hit", "FX graph cache hits"),
+            ("fxgraph_cache_miss", "FX graph cache misses"))
+EVERY_MAX = 60.0  # seconds: the most between two progress lines
+
+
+def _counters() -> Dict[str, int]:
+    utils = sys.modules.get("torch._dynamo.utils")
+    found = getattr(utils, "counters", {}).get("inductor", {}) if utils else {}
+    return {key: int(found.get(key, 0)) for key, _ in PROGRESS}
+
+
+class Watch:
+    """One compile's timer: the warning at the threshold, progress lines, the total."""
+
+    def __init__(self, call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
+        self.call_id, self.where, self.seconds = call_id, where, seconds
+        self.every = min(seconds, EVERY_MAX)
+        self.start = time.monotonic()
+        self.before = _counters()
+        self.fired = False
+        self.done = threading.Event()
+        self.timer = self._after(seconds, self._fire)
+
+    def _after(self, seconds: float, then: Any) -> threading.Timer:
+        timer = threading.Timer(seconds, then)
+        timer.daemon = True  # never keeps the interpreter alive
+        timer.start()
+        return timer
+
+    def doing(self) -> str:
+        now = _counters()
+        parts = [f"{now[key] - self.before[key]} {name}" for key, name in PROGRESS
+                 if now[key] - self.before[key]]
+        return ", ".join(parts) or "no kernel compiled yet (tracing, or lowering)"
+
+    def _fire(self) -> None:
+        if self.done.is_set():
+            return
+        self.fired = True
+        _warn(self.call_id, self.where, self.seconds)
+        self.timer = self._after(self.every, self._progress)
+
+    def _progress(self) -> None:
+        if self.done.is_set():
+            return
+        log.notice(f"still compiling {frames.label(*self.where)}: "
+                   f"{time.monotonic() - self.start:.0f} s so far; {self.doing()}")
+        self.timer = self._after(self.every, self._progress)
+
+    def cancel(self) -> None:
+        """The compile returned (or raised): stop; after a warning, say its total."""
+        self.done.set()
+        self.timer.cancel()
+        if self.fired:
+            log.notice(f"compile of {frames.label(*self.where)} finished after "
+                       f"{time.monotonic() - self.start:.1f} s; {self.doing()}")
+
+
+def arm(where: Tuple[str, int, str], seconds: float) -> Watch:
+    """Count a compile of ``where`` and start its timer (cancel it when done)."""
     with _lock:
         _compiles[where] = _compiles.get(where, 0) + 1
-    timer = threading.Timer(seconds, _warn, (next(_ids), where, seconds))
-    timer.daemon = True  # never keeps the interpreter alive
-    timer.start()
-    return timer
+    return Watch(next(_ids), where, seconds)
 
 
 def install() -> float:
@@ -74,5 +142,6 @@ def install() -> float:
         record.fix(NAME, record.SKIPPED, f"turned off ({ENV}=0)")
     else:
         record.fix(NAME, record.APPLIED,
-                   f"one warning when a single compile runs past {seconds:g} s ({ENV})")
+                   f"one warning when a single compile runs past {seconds:g} s, then what it "
+                   f"is doing every {min(seconds, EVERY_MAX):g} s until it ends ({ENV})")
     return seconds

@@ -80,3 +80,23 @@ def test_not_installed_when_the_package_is_inactive(torch_venv: Venv) -> None:
             "print(json.dumps(hasattr(cf._compile, '__wrapped__')))")
     assert torch_venv.json(code, env={"ROCM_AUTOPATCH_COMPILE_WATCHDOG": "0.1"}) is False
     assert torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"}) is True
+
+
+def test_a_long_compile_says_what_it_is_doing_until_it_ends(torch_venv: Venv) -> None:
+    """Past the threshold (1 s), one line a second at most while the 3.5 s compile runs,
+    then its total; on stderr only, and from rank 0 only."""
+    out, err = slow(torch_venv, 3.5, {"ROCM_AUTOPATCH_COMPILE_WATCHDOG": "1"})
+    progress = [line for line in err.splitlines() if "still compiling slow_one" in line]
+    assert 1 <= len(progress) <= 3, err
+    assert all("s so far;" in line for line in progress)
+    (done,) = [line for line in err.splitlines() if "compile of slow_one" in line]
+    assert "finished after 3." in done, done
+    assert len(out["warnings"]) == 1  # the warning itself, once
+    code = SLOW.replace("SLEEP", "3.5").replace("RECOMPILE", "False")
+    proc = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force",
+                                     "ROCM_AUTOPATCH_COMPILE_WATCHDOG": "1"})
+    # stdout holds the script's one JSON line, nothing of ours
+    assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("{"), proc.stdout
+    ranked = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force", "RANK": "1",
+                                       "ROCM_AUTOPATCH_COMPILE_WATCHDOG": "1"})
+    assert ranked.returncode == 0 and "still compiling" not in ranked.stderr
