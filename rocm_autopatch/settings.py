@@ -90,6 +90,7 @@ PROFILE = "ROCM_AUTOPATCH_PROFILE"
 VERIFY = "ROCM_AUTOPATCH_VERIFY"
 VERIFY_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
 VERIFY_BUDGET = "ROCM_AUTOPATCH_VERIFY_BUDGET"
+VERIFY_DIR = "ROCM_AUTOPATCH_VERIFY_DIR"
 REPORT = "ROCM_AUTOPATCH_REPORT"
 CACHE = "ROCM_AUTOPATCH_CACHE"
 ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
@@ -131,6 +132,10 @@ VARIABLES: Tuple[Variable, ...] = (
              "first calls of each graph always checked", "the numerics sentinel"),
     Variable(VERIFY_BUDGET, _share, "a share from 0 to 1 (default `0.01`); `0`: none", 0.01,
              "time the sampled checks of a graph may take, as a share of the graph's own",
+             "the numerics sentinel"),
+    Variable(VERIFY_DIR, _text, "a directory; `off` (default: beside the report, else "
+             "`~/.cache/rocm-autopatch/repros`)", "",
+             "where a graph found wrong gets its repro (`repro.py`, inputs, env.json)",
              "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),

@@ -33,7 +33,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import compile_frame, frames, log, patching, record, settings
-from rocm_autopatch.sentinel import judge, numerics, schedule
+from rocm_autopatch.sentinel import judge, numerics, repro, schedule
 from rocm_autopatch.sentinel.status import (
     ALL,
     FAILED,
@@ -445,6 +445,13 @@ class Graph:
                  f"{plan.last_good:,}) ran compiled and may have returned wrong numbers."
                  if unverified else ".")) if plan.calls > 1 else ""
         falling_back = self.how == "fallback"
+        made = pre.make()  # the inputs as they were before the call, for the repro
+        count = len(self.placeholders)
+        folder = repro.write(self.gm, [made.get(i, x) for i, x in enumerate(flat[:count])],
+                             {**self.entry, "status": FELL_BACK if falling_back else FAILED,
+                              "reason": f"{which} differs from eager"})
+        with record.LOCK:
+            self.entry["repro"] = folder
         if falling_back:
             # This call gets eager's result, computed on the real inputs from their state
             # before the call (what the compiled call wrote is undone first).
@@ -462,8 +469,10 @@ class Graph:
                       f"numerics: {self.label()} computes wrong numbers when compiled: "
                       f"{what}.{when}{then} Compiled kernels that silently compute wrong numbers "
                       f"have been reported on AMD GPUs ({REF}); to report this one, "
-                      "TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a minimal "
-                      "repro, and `rocm-autopatch doctor --json` the environment.")
+                      + (f"attach {folder} (`python {folder}/repro.py` exits 1 while it "
+                         "reproduces; env.json is the environment)." if folder else
+                         "TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a "
+                         "minimal repro, and `rocm-autopatch doctor --json` the environment."))
         return res
 
 

@@ -1,0 +1,166 @@
+"""A repro directory for a graph the sentinel found wrong: what to attach upstream.
+
+Under ``ROCM_AUTOPATCH_VERIFY_DIR`` (default: ``rocm-autopatch-repros`` beside the compile
+report when ``ROCM_AUTOPATCH_REPORT`` is set, else ``$XDG_CACHE_HOME/rocm-autopatch/repros``,
+``~/.cache`` without it; ``off`` writes none), one directory per graph, named by a hash of its
+code:
+
+- ``repro.py``: torch's own repro of the graph (``torch._dynamo.repro.after_aot``
+  ``generate_compiler_repro_string``, as its minifier writes it: the graph as a module, the
+  Inductor/Dynamo configuration that differs from torch's defaults, how to load the
+  inputs), followed by a runner that compiles it with ``torch.compile``, runs it eagerly
+  and in float64, prints the verdict and exits 1 when the failure reproduces, 0 when not.
+  It needs torch only;
+- ``inputs/``: the call's inputs (the state before the call for what it writes), saved
+  when they total at most ``SAVE_BYTES``; larger ones are drawn again from their shapes,
+  dtypes and strides with a seeded generator (``repro.py`` says so);
+- ``env.json``: torch, Triton, HIP/CUDA versions, the GPU, the configuration rocm-autopatch
+  applied, the sentinel's verdict and where the graph was compiled.
+
+Writing never raises into the program: a directory that cannot be written is one warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from rocm_autopatch import log, probe, record, settings
+
+SAVE_BYTES = 64 * 2**20  # inputs saved up to this total; above, regenerated from a seed
+
+RUNNER = r'''
+
+# ---- rocm-autopatch: compiled, eager and float64 on these inputs; exit 1 if it reproduces
+if __name__ == "__main__":
+    import math, os, sys
+    from torch._dynamo.debug_utils import InputReader
+    from torch._dynamo.utils import same
+    from torch.utils._pytree import tree_flatten
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved = os.path.join(here, "inputs")
+    torch.manual_seed(0)  # inputs not saved are drawn again from this seed
+    reader = InputReader(saved if os.path.isdir(saved) else None)
+    load_args(reader)
+    args = reader.args
+
+    def run(m, xs):
+        with torch.no_grad():
+            return tree_flatten(m(*[x.clone() if isinstance(x, torch.Tensor) else x
+                                    for x in xs]))[0]
+
+    def up(x):
+        return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+    eager = run(mod, args)
+    compiled = run(torch.compile(mod, fullgraph=True), args)
+    ref = run(Repro().double(), [up(x) for x in args])
+    torch_ok = same(eager, compiled, ref, tol=1e-3, equal_nan=True)
+    worst, systematic = 0.0, False
+    for e, c, r in zip(eager, compiled, ref):
+        if not (isinstance(c, torch.Tensor) and c.is_floating_point()):
+            continue
+        worst = max(worst, float((c.double() - e.double()).abs().nan_to_num(math.inf).max()))
+        if c.numel() >= 256:  # the sentinel's systematic rule (docs/rules.md)
+            rc = float((c.double() - r).pow(2).mean().sqrt())
+            re = float((e.double() - r).pow(2).mean().sqrt())
+            systematic |= rc > 1.5 * re and rc > 0
+    wrong = not torch_ok or systematic
+    print(("REPRODUCED: the compiled graph differs from eager" if wrong else
+           "not reproduced: compiled matches eager") +
+          f" (largest difference {worst:.3g}; torch's criterion "
+          f"{'failed' if not torch_ok else 'passed'}"
+          f"{'; compiled error against float64 above 1.5x eager' if systematic else ''})")
+    sys.exit(1 if wrong else 0)
+'''
+
+
+def root() -> Optional[str]:
+    """Where repro directories go; None when ``ROCM_AUTOPATCH_VERIFY_DIR=off``."""
+    given = log.setting(settings.VERIFY_DIR).strip()
+    if given.lower() in settings.FALSE_WORDS:
+        return None
+    if given:
+        return os.path.abspath(os.path.expanduser(given))
+    report = os.environ.get(settings.REPORT, "").strip()
+    if report:
+        return os.path.join(os.path.dirname(os.path.abspath(report)), "rocm-autopatch-repros")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "rocm-autopatch", "repros")
+
+
+def fingerprint(gm: Any) -> str:
+    return hashlib.sha256(gm.code.encode()).hexdigest()[:16]
+
+
+def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:
+    report = record.REPORT.to_dict()
+    try:
+        from importlib import metadata
+
+        triton = next((metadata.version(d) for d in ("triton", "pytorch-triton-rocm")
+                       if _has(metadata, d)), None)
+    except Exception:  # noqa: BLE001
+        triton = None
+    return {"torch": torch.__version__, "hip": torch.version.hip, "cuda": torch.version.cuda,
+            "triton": triton, "python": sys.version.split()[0],
+            "gpu_archs": probe.arch_names(), "profile": report.get("profile"),
+            "config_applied": [c for c in report.get("config", [])
+                               if c.get("status") == "applied"],
+            "graph": entry.get("graph"), "where": entry.get("where"),
+            "verdict": {k: entry.get(k) for k in ("status", "reason", "mismatch", "judge",
+                                                   "found_at_call", "found_because")}}
+
+
+def _has(metadata: Any, dist: str) -> bool:
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
+    """Write the repro of ``gm`` called on ``inputs``; its directory, or "" (with the
+    reason in the record) when none was written. Never raises."""
+    try:
+        base = root()
+        if base is None:
+            return ""
+        where = os.path.join(base, fingerprint(gm))
+        if os.path.isdir(where):
+            shutil.rmtree(where, ignore_errors=True)
+        os.makedirs(where)
+        size = sum(x.untyped_storage().nbytes() for x in inputs
+                   if isinstance(x, torch.Tensor))
+        save = size <= SAVE_BYTES
+        from torch._dynamo.repro.after_aot import generate_compiler_repro_string
+
+        body = generate_compiler_repro_string(
+            gm, inputs, save_dir=os.path.join(where, "inputs") if save else None)
+        note = ("" if save else
+                f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
+                f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
+                "and strides from seed 0, so a bug that depends on their values may not "
+                "reproduce.\n")
+        header = (f'"""Repro of graph {entry.get("graph")} of {entry.get("where")}, found '
+                  "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
+                  'it reproduces (needs torch only). env.json: the environment."""\n')
+        with open(os.path.join(where, "repro.py"), "w") as fh:
+            fh.write(header + note + body + RUNNER)
+        with open(os.path.join(where, "env.json"), "w") as fh:
+            json.dump(_environment(entry), fh, indent=1, default=str)
+        return where
+    except Exception as exc:  # noqa: BLE001 - the program goes on
+        log.warn_once(("repro", "write"),
+                      f"{settings.VERIFY_DIR}: the repro of a wrong graph could not be "
+                      f"written ({type(exc).__name__}: {str(exc).strip()[:200]}); set it "
+                      "to a writable directory, or off")
+        return ""
