@@ -11,7 +11,9 @@ a fresh one, before it is reported ``applied``.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -57,8 +59,17 @@ def read(module: ModuleType, key: str) -> Any:
 def set_value(module: ModuleType, key: str, value: Any) -> None:
     """Write ``value`` below user assignments and above torch's own default."""
     found = entry(module, key)
-    if found is None or not hasattr(found, "env_value_default") or \
-            getattr(found, "alias", None) is not None:
+    alias = getattr(found, "alias", None)
+    if isinstance(alias, str) and "." in alias:
+        # An alias (inductor's force_disable_caches is torch.compiler.config's): written
+        # where it lives, so that every thread reads it (torch >= 2.12 keeps assignments
+        # per thread).
+        owner, _, name = alias.rpartition(".")
+        target = sys.modules.get(owner) or importlib.import_module(owner)
+        if target is not module:
+            set_value(target, name, value)
+            return
+    if found is None or not hasattr(found, "env_value_default") or alias is not None:
         setattr(module, key, value)
         return
     found.env_value_default = value

@@ -565,7 +565,9 @@ def _free_bytes(device: Any) -> Optional[int]:
 
 def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
     def compile_fx(model_: Any, example_inputs_: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_busy, "compiling", False):
+        # A compile during a check is the sentinel's own (torch compiles a hashing kernel
+        # for a repro's inputs on releases without stable_hash): not the program's graph.
+        if getattr(_busy, "compiling", False) or getattr(_busy, "checking", False):
             return original(model_, example_inputs_, *args, **kwargs)
         try:
             gm = numerics.copy_graph(model_)

@@ -141,10 +141,16 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
         size = sum(x.untyped_storage().nbytes() for x in inputs
                    if isinstance(x, torch.Tensor))
         save = size <= SAVE_BYTES
+        import inspect
+
         from torch._dynamo.repro.after_aot import generate_compiler_repro_string
 
-        body = generate_compiler_repro_string(
-            gm, inputs, save_dir=os.path.join(where, "inputs") if save else None)
+        options: Dict[str, Any] = {"save_dir": os.path.join(where, "inputs") if save else None}
+        if "stable_hash" in inspect.signature(generate_compiler_repro_string).parameters:
+            # Hash the saved inputs in Python: the default hashes them with a kernel that
+            # torch.compile builds, a compile the program's report would count as its own.
+            options["stable_hash"] = True
+        body = generate_compiler_repro_string(gm, inputs, **options)
         note = ("" if save else
                 f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
                 f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
