@@ -80,6 +80,18 @@ class Venv:
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def rank_lines(stdout: str) -> List[dict]:
+    """The ``{"rank": ...}`` JSON objects a torchrun job printed, by rank (the ranks'
+    lines can run together on one pipe)."""
+    found, text, decoder = [], stdout, json.JSONDecoder()
+    while '{"rank"' in text:
+        text = text[text.index('{"rank"'):]
+        value, end = decoder.raw_decode(text)
+        found.append(value)
+        text = text[end:]
+    return sorted(found, key=lambda r: r["rank"])
+
+
 def pip(python: str, *args: str) -> None:
     subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     *args], check=True, env=clean_env())

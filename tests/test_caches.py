@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict
 
-from conftest import Venv, clean_env
+from conftest import Venv, clean_env, rank_lines
 
 JOB = r'''
 import json, os, torch
@@ -159,8 +159,7 @@ def test_two_ranks_share_one_directory(torch_venv: Venv, tmp_path: Path) -> None
                                   ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_CACHE=str(root),
                                   TMPDIR=str(fresh)))
         assert proc.returncode == 0, proc.stderr[-3000:]
-        lines = [json.loads(s[s.index("{"):]) for s in proc.stdout.splitlines() if '"rank"' in s]
-        return sorted(lines, key=lambda r: r["rank"])
+        return rank_lines(proc.stdout)
 
     first = job("cold")
     assert [r["ok"] for r in first] == [True, True]

@@ -5,12 +5,11 @@ failed before its fix."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Venv, clean_env
+from conftest import Venv, clean_env, rank_lines
 
 FORCE = {"ROCM_AUTOPATCH": "force"}
 
@@ -61,13 +60,7 @@ def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
                           text=True, env=clean_env(**env), timeout=240,
                           cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    found, text, decoder = [], proc.stdout, json.JSONDecoder()
-    while '{"rank"' in text:  # the ranks' lines can run together on one pipe
-        text = text[text.index('{"rank"'):]
-        value, end = decoder.raw_decode(text)
-        found.append(value)
-        text = text[end:]
-    return {r["rank"]: r for r in found}
+    return {r["rank"]: r for r in rank_lines(proc.stdout)}
 
 
 def test_ranks_that_would_decide_differently_stay_in_step(torch_venv: Venv,
