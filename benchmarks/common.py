@@ -27,6 +27,22 @@ def child_cwd() -> str:
     return tempfile.mkdtemp(prefix="rocm-autopatch-bench-")
 
 
+def run_arm(code: str, argv: List[str], arm: Dict[str, str], timeout: int) -> Dict[str, Any]:
+    """``python -c code *argv`` in this environment plus ``arm``, ROCm behaviour forced, with
+    an empty Inductor cache of its own: its last stdout line as JSON, or {"error": stderr}."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_CACHE_DIR": cache, **arm}
+        proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                              text=True, env=env, timeout=timeout, cwd=child_cwd())
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": proc.stderr[-1500:]}
+
+
 def meta(torch: Any, **extra: Any) -> Dict[str, Any]:
     return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, **extra,
             "date": time.strftime("%Y-%m-%d")}

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
+
+from common import run_arm
 
 CHILD = r"""
 import json, statistics, sys, time, torch, transformers as t
@@ -64,15 +63,9 @@ def main() -> int:
     args = parser.parse_args()
     results = {}
     for arm in ("off", "check"):
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_CACHE_DIR": cache,
-                   "ROCM_AUTOPATCH_VERIFY": "" if arm == "off" else arm}
-            proc = subprocess.run([sys.executable, "-c", CHILD, str(args.iters)],
-                                  capture_output=True, text=True, env=env, timeout=900)
-        try:
-            results[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            results[arm] = {"error": proc.stderr[-1500:]}
+        results[arm] = run_arm(CHILD, [str(args.iters)],
+                               {"ROCM_AUTOPATCH_VERIFY": "" if arm == "off" else arm},
+                               timeout=900)
         print(arm, json.dumps(results[arm]), flush=True)
     if "error" not in results["off"] and "error" not in results["check"]:
         off, on = results["off"], results["check"]

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
+
+from common import run_arm
 
 CHILD = r"""
 import json, statistics, sys, time, torch, transformers as t
@@ -101,15 +100,7 @@ def main() -> int:
             "check": {"ROCM_AUTOPATCH_VERIFY": "check"}}
     results = {}
     for arm, extra in arms.items():
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_CACHE_DIR": cache,
-                   **extra}
-            proc = subprocess.run([sys.executable, "-c", CHILD, args.device, str(args.calls)],
-                                  capture_output=True, text=True, env=env, timeout=1200)
-        try:
-            results[arm] = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            results[arm] = {"error": proc.stderr[-1500:]}
+        results[arm] = run_arm(CHILD, [args.device, str(args.calls)], extra, timeout=1200)
         print(arm, json.dumps(results[arm]), flush=True)
     summary = {}
     if all("error" not in r for r in results.values()):

@@ -36,28 +36,11 @@ REF = "sglang#6830, vllm#34399, pytorch#170621"
 FORCE_REF = "torch/compiler/config.py force_disable_caches (env_name_force), torch 2.13"
 
 
-def wanted(environ: Optional[Dict[str, str]] = None) -> bool:
-    """Is there anything for this module to do (read from the environment only)?"""
-    env = os.environ if environ is None else environ
-    return bool(env.get(settings.CACHE, "").strip()) or any(v in env for v in FORCE_VARS)
-
-
-def _triton_version() -> str:
-    from importlib import metadata
-
-    for dist in ("triton", "pytorch-triton-rocm", "pytorch-triton"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "none"
-
-
 def key(torch: ModuleType, archs: Optional[List[str]] = None) -> str:
     """The subdirectory for this torch, Triton and GPU: ``torch-2.13.0-triton-3.5.0-gfx942``."""
     found = probe.arch_names() if archs is None else archs
     arch = "+".join(sorted(set(found))) or probe.platform_of(torch)
-    text = f"torch-{torch.__version__}-triton-{_triton_version()}-{arch}"
+    text = f"torch-{torch.__version__}-triton-{probe.triton_version() or 'none'}-{arch}"
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 

@@ -42,6 +42,19 @@ def torch_build(torch: ModuleType) -> Dict[str, Optional[str]]:
             "hip_version": getattr(getattr(torch, "version", None), "hip", None)}
 
 
+def triton_version() -> Optional[str]:
+    """The installed Triton's version (its ROCm and CUDA wheels have other names); None
+    when there is none."""
+    from importlib import metadata
+
+    for dist in ("triton", "pytorch-triton-rocm", "pytorch-triton"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def gfx_name(target_version: int) -> str:
     """KFD's gfx_target_version (e.g. 90402) -> "gfx942"; minor/stepping are hex digits."""
     major, rest = divmod(target_version, 10000)

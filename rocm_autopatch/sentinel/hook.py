@@ -245,6 +245,9 @@ class Graph:
         """Run this call checked (``res``: the call already ran, and wrote nothing)."""
         import torch
 
+        def unchecked() -> Any:  # this call's result, without a check
+            return self.compiled(*args) if res is None else res
+
         count = len(flat)
         # From here, flat is the inputs followed by the tensors the graph holds itself.
         held = numerics.held(self.gm)
@@ -264,18 +267,18 @@ class Graph:
                 self.skip(reason)
             else:
                 self.finish(SKIPPED, reason)
-            return self.compiled(*args) if res is None else res
+            return unchecked()
         if analysis.random:
             self.finish(SKIPPED, f"not compared: it calls random ops "
                                  f"({', '.join(analysis.random)}), whose compiled and eager "
                                  "results differ by design")
-            return self.compiled(*args) if res is None else res
+            return unchecked()
         if analysis.effects:
             self.finish(SKIPPED, f"not compared: it calls {', '.join(analysis.effects)}, "
                                  "which torch cannot tell free of side effects (a custom op may "
                                  "count, log or call a runtime): re-running it would do that "
                                  "twice")
-            return self.compiled(*args) if res is None else res
+            return unchecked()
         if self.schedule.magnitudes is None:
             self.schedule.magnitudes = schedule.Magnitudes(
                 schedule.watched_inputs(flat, count, analysis.mutated))
@@ -289,7 +292,7 @@ class Graph:
             self.skip(f"not checked: its eager and float64 references would need about "
                       f"{need / 2**30:.2f} GiB, more than half of the {room / 2**30:.2f} GiB "
                       "free")
-            return self.compiled(*args) if res is None else res
+            return unchecked()
         try:
             values = self.schedule.magnitudes.now(flat)
             pre = numerics.Snapshot(flat, analysis.mutated)  # the state before this call
@@ -297,7 +300,7 @@ class Graph:
             self.skip("not checked: the state it writes could not be copied "
                       f"({type(exc).__name__}: {_first(exc)})")
             _release()
-            return self.compiled(*args) if res is None else res
+            return unchecked()
         call_seconds = 0.0
         if res is None:
             before = numerics.versions(flat)

@@ -102,13 +102,7 @@ def fingerprint(gm: Any) -> str:
 
 def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:
     report = record.REPORT.to_dict()
-    try:
-        from importlib import metadata
-
-        triton = next((metadata.version(d) for d in ("triton", "pytorch-triton-rocm")
-                       if _has(metadata, d)), None)
-    except Exception:  # noqa: BLE001
-        triton = None
+    triton = probe.triton_version()
     return {"torch": torch.__version__, "hip": torch.version.hip, "cuda": torch.version.cuda,
             "triton": triton, "python": sys.version.split()[0],
             "gpu_archs": probe.arch_names(), "profile": report.get("profile"),
@@ -117,14 +111,6 @@ def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:
             "graph": entry.get("graph"), "where": entry.get("where"),
             "verdict": {k: entry.get(k) for k in ("status", "reason", "mismatch", "judge",
                                                    "found_at_call", "found_because")}}
-
-
-def _has(metadata: Any, dist: str) -> bool:
-    try:
-        metadata.version(dist)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
@@ -154,8 +140,8 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
         note = ("" if save else
                 f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
                 f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
-                "and strides from seed 0, so a bug that depends on their values may not "
-                "reproduce.\n")
+                "and strides after torch.manual_seed(0), so a bug that depends on their "
+                "values may not reproduce.\n")
         header = (f'"""Repro of graph {entry.get("graph")} of {entry.get("where")}, found '
                   "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
                   'it reproduces (needs torch only). env.json: the environment."""\n')

@@ -66,6 +66,13 @@ def dynamic_inputs(placeholders: List[Any]) -> List[int]:
     return found
 
 
+def _power_of_two(ratio: float) -> int:
+    """The power of two at or above ``ratio`` (1 at least): ranks whose measured costs are
+    within a factor of two of each other choose the same calls, or one's are a subset of the
+    other's."""
+    return 1 << max(0, math.ceil(math.log2(max(ratio, 1.0))))
+
+
 def large(values: List[Any]) -> bool:
     """Is any tensor of 2^31 bytes or elements or more?"""
     return any(isinstance(t, torch.Tensor) and (t.numel() >= LARGE or
@@ -248,22 +255,23 @@ class Schedule:
             # One early sampled check measures a warm check and a warm call: the first
             # call's include one-time costs (kernels loaded, caches filled) that would
             # make the period far too long.
-            self.sampled_calls = (self.sampled_calls + [n])[-8:]
-            self.sampled_period = n
-            return SAMPLED
+            return self._sample(n, n)
         if self.period and n % self.period == 0:
-            self.sampled_calls = (self.sampled_calls + [n])[-8:]
-            self.sampled_period = self.period
-            return SAMPLED
+            return self._sample(n, self.period)
         return None
+
+    def _sample(self, n: int, period: int) -> str:
+        self.sampled_calls = (self.sampled_calls + [n])[-8:]
+        self.sampled_period = period
+        return SAMPLED
 
     def _costs(self, seconds: float) -> None:
         """The reduction's cost (the cheapest seen: what it costs once warm) sets
         ``stride``."""
         self.measure_seconds = min(self.measure_seconds or seconds, seconds)
         if self.call_seconds:
-            ratio = self.measure_seconds / (VALUES_SHARE * self.call_seconds)
-            self.stride = 1 << max(0, math.ceil(math.log2(max(ratio, 1.0))))
+            self.stride = _power_of_two(self.measure_seconds
+                                        / (VALUES_SHARE * self.call_seconds))
 
     def affordable(self) -> bool:
         """Would one more check past the shape cap keep the checks beyond the first calls
@@ -312,10 +320,7 @@ class Schedule:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
         if self.budget > 0 and self.call_seconds:
-            # A power of two: ranks that measure costs within a factor of two of each
-            # other sample the same calls (or one's are a subset of the other's).
-            ratio = self.overhead() / (self.budget * self.call_seconds)
-            self.period = 1 << max(0, math.ceil(math.log2(max(ratio, 1.0))))
+            self.period = _power_of_two(self.overhead() / (self.budget * self.call_seconds))
 
     def coverage(self) -> Dict[str, Any]:
         """What the checks covered, for the report (one graph)."""
@@ -326,7 +331,7 @@ class Schedule:
             "shapes": {"dynamic": bool(self.dynamic),
                        "seen": self.shapes_seen if self.dynamic else min(self.calls, 1),
                        "checked": len(self.checked_shapes) if self.dynamic
-                       else min(sum(self.because.values()), 1)},
+                       else min(self.checks, 1)},
             "values": {"largest_checked": largest,
                        "non_finite_checked": bool(self.checked_non_finite),
                        "inputs_followed": len(self.magnitudes.watch) if self.magnitudes
