@@ -1,5 +1,6 @@
-"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed)
-and ``rocm-autopatch run`` (the launcher, see ``launcher``).
+"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed),
+``run`` (the launcher, see ``launcher``), ``selftest``, ``bisect`` (the compiler step that
+makes a sentinel's repro wrong, ``sentinel.bisect``) and ``forget`` (remembered fixes).
 
 ``doctor`` imports torch and its compiler config in its own process, so the report it
 prints is the one a script would get in this environment. ``--json`` for machines.
@@ -113,6 +114,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
     data["environment"] = environment_audit(report, environ)
     data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
+    data["fixes"] = _fixes()
     data["left_out"] = profiles.LEFT_OUT
     data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
                          if r["flag"] == "red"]
@@ -166,6 +168,22 @@ def _numerics_sentinel(record: Any) -> None:
                    "numbers; fallback: also run it eagerly)", status.REF)
 
 
+def _fixes() -> Dict[str, Any]:
+    """The remembered fixes (``rocm-autopatch bisect``), and which apply here."""
+    from rocm_autopatch.sentinel import fixes
+
+    where = fixes.path()
+    try:
+        now = fixes.here()
+    except Exception:  # noqa: BLE001 - no torch: nothing can apply
+        now = None
+    listed = []
+    for fix in fixes.load(where):
+        listed.append({**fix, "what": fixes.describe(fix["change"]),
+                       "stale": fixes.stale(fix, now) if now else "torch is not importable"})
+    return {"store": where, "fixes": listed}
+
+
 def _human(data: Dict[str, Any]) -> str:
     r = data["report"]
     inst = data["install"]
@@ -192,6 +210,16 @@ def _human(data: Dict[str, Any]) -> str:
     if where["temporary"]:
         out.append(f"      under a temporary directory: a new container compiles everything "
                    f"again; {settings.CACHE}=DIR keeps them in a directory you mount")
+    remembered = data["fixes"]
+    out += ["", f"Remembered fixes ({remembered['store'] or settings.FIXES + '=off'})"]
+    for fix in remembered["fixes"]:
+        out.append(f"  graph {fix.get('fingerprint')}: {fix['what']}"
+                   + (f" [not applied: {fix['stale']}]" if fix["stale"] else ""))
+        out.append(f"      {fix.get('answer', '')}; at {fix.get('where') or '?'}")
+    if remembered["fixes"]:
+        out.append("      (`rocm-autopatch forget GRAPH` or `--all` forgets)")
+    else:
+        out.append("  none (`rocm-autopatch bisect DIR` finds and remembers them)")
     out += ["", "Configuration (key: before -> after, source, status)"]
     if not r["active"]:
         out.append("  nothing applied: torch's own configuration is in use")
@@ -286,6 +314,33 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
     return 0 if view["healthy"] else 1
 
 
+def _bisect(folder: str, limit: float, remember: bool, as_json: bool) -> int:
+    from rocm_autopatch.sentinel import bisect
+
+    if not os.path.isfile(os.path.join(folder, "repro.py")):
+        say(f"rocm-autopatch bisect: {folder} has no repro.py; give a directory the numerics "
+            f"sentinel wrote (its warning names it; {settings.VERIFY_DIR})\n")
+        return 2
+    result = bisect.run(folder, limit, lambda line: say(line + "\n"), remember)
+    sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n" if as_json else
+                     "\n".join(bisect.lines(result)) + "\n")
+    return {"found": 0, "not found": 1, "not reproduced": 1}.get(result["status"], 2)
+
+
+def _forget(fingerprint: Optional[str], everything: bool) -> int:
+    from rocm_autopatch.sentinel import fixes
+
+    if not fingerprint and not everything:
+        say("rocm-autopatch forget: name a graph (its fingerprint, as the doctor lists it) "
+            "or --all\n")
+        return 2
+    where = fixes.path()
+    gone = fixes.forget(None if everything else fingerprint)
+    sys.stdout.write(f"forgot {gone} fix{'es' if gone != 1 else ''}"
+                     f"{f' ({where})' if where else ''}\n")
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from rocm_autopatch import __version__
 
@@ -315,6 +370,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     selftest.add_argument("--only", nargs="+", metavar="CHECK",
                           choices=("compile", "capture", "numerics"),
                           help="run only these checks")
+    bisect = sub.add_parser(
+        "bisect", help="find the compiler step that makes a repro directory's graph wrong "
+                       "(the numerics sentinel writes them), and remember the fix")
+    bisect.add_argument("folder", metavar="DIR", help="a repro directory (has repro.py)")
+    bisect.add_argument("--time-limit", type=float, default=1800.0, metavar="S",
+                        help="give up after this many seconds (default 1800)")
+    bisect.add_argument("--no-remember", action="store_true",
+                        help="do not remember the fix for the next run")
+    bisect.add_argument("--json", action="store_true", help="machine-readable output")
+    forget = sub.add_parser("forget", help="forget remembered fixes (see the doctor)")
+    forget.add_argument("fingerprint", nargs="?", metavar="GRAPH",
+                        help="the graph's fingerprint (or its start), as the doctor lists it")
+    forget.add_argument("--all", action="store_true", help="forget every fix")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -332,6 +400,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from rocm_autopatch import selftest as selftest_module
 
         return selftest_module.main(args.json_path, args.only or list(selftest_module.CHECKS))
+    if args.command == "bisect":
+        return _bisect(args.folder, args.time_limit, not args.no_remember, args.json)
+    if args.command == "forget":
+        return _forget(args.fingerprint, args.all)
     if args.command != "doctor":
         parser.print_usage(sys.stderr)
         return 2

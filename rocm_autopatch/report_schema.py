@@ -69,6 +69,9 @@ VERIFY_GRAPH: Dict[str, str] = {
     "backward": TEXT,
     "mismatch": OBJECT,
     "seconds": NUMBER,  # spent checking
+    "repro": TEXT,  # the repro directory of a graph found wrong ("" when none was written)
+    "healed": TEXT,  # the remembered fix it was compiled with (sentinel.fixes)
+    "bisect": OBJECT,  # the background bisection started at exit (fallback)
 }
 
 

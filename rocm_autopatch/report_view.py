@@ -161,9 +161,26 @@ def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             slot = merged.setdefault(key, {"graph": key[0], "status": key[1],
                                            "reason": key[2], "processes": []})
             slot["processes"].append(_label(report))
+            folder = g.get("repro")
+            if isinstance(folder, str) and folder and "repro" not in slot:
+                slot["repro"] = folder
+                slot["bisect"] = _bisected(folder, g.get("bisect"))
     bad = status.WRONG
     return sorted(merged.values(), key=lambda e: (e["status"] not in bad,
                                                   -len(e["processes"])))
+
+
+def _bisected(folder: str, started: Any) -> str:
+    """The bisection of a repro directory in one line: its answer, or where it stands."""
+    from rocm_autopatch.sentinel import bisect
+
+    done = bisect.read(folder)
+    if done:
+        return str(done.get("answer", "?")) + (" (fix remembered for the next run)"
+                                               if done.get("remembered") else "")
+    if isinstance(started, dict) and started.get("status"):
+        return f"{started['status']} (its answer will be in {folder}/{bisect.RESULT})"
+    return f"not run: `rocm-autopatch bisect {folder}` names the compiler step"
 
 
 COVERAGE_LINES = 20  # graphs listed in the text view
@@ -298,6 +315,9 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
             out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
                        f"{e['reason']}")
             out.append(Verbatim(f"      {e['graph']}"))
+            if e.get("repro"):
+                out.append(Verbatim(f"      repro: {e['repro']}"))
+                out.append(f"      bisect: {e['bisect']}")
         out += ["", "Numerics coverage (per graph, all processes: shapes, calls checked)"]
         for c in view["coverage"][:COVERAGE_LINES]:
             out.append(f"  {coverage_line(c)}")

@@ -74,6 +74,22 @@ def _share(text: str) -> float:
     return value
 
 
+BISECT_SECONDS = 900.0  # the background bisection's limit when it is simply on
+
+
+def _bisect(text: str) -> float:
+    """Seconds the background bisection may take; 0 for off."""
+    low = text.lower()
+    if low in FALSE_WORDS:
+        return 0.0
+    if low in TRUE_WORDS:
+        return BISECT_SECONDS
+    value = _seconds(text)
+    if value < 10:  # a step alone (one compile in a fresh interpreter) takes seconds
+        raise ValueError(text)
+    return value
+
+
 def _text(text: str) -> str:
     return text
 
@@ -91,6 +107,8 @@ VERIFY = "ROCM_AUTOPATCH_VERIFY"
 VERIFY_CALLS = "ROCM_AUTOPATCH_VERIFY_CALLS"
 VERIFY_BUDGET = "ROCM_AUTOPATCH_VERIFY_BUDGET"
 VERIFY_DIR = "ROCM_AUTOPATCH_VERIFY_DIR"
+VERIFY_BISECT = "ROCM_AUTOPATCH_VERIFY_BISECT"
+FIXES = "ROCM_AUTOPATCH_FIXES"
 REPORT = "ROCM_AUTOPATCH_REPORT"
 CACHE = "ROCM_AUTOPATCH_CACHE"
 ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
@@ -137,6 +155,14 @@ VARIABLES: Tuple[Variable, ...] = (
              "`~/.cache/rocm-autopatch/repros`)", "",
              "where a graph found wrong gets its repro (`repro.py`, inputs, env.json)",
              "the numerics sentinel"),
+    Variable(VERIFY_BISECT, _bisect, "`1`/`on` (default: 900 s); seconds (>= 10); `0`/`off`",
+             BISECT_SECONDS,
+             "under `fallback`, bisect a graph found wrong in the background at exit, for at "
+             "most this long, and remember the fix", "the numerics sentinel",
+             "Using 900 s (set 0 to turn it off)."),
+    Variable(FIXES, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/fixes.json`)", "",
+             "where fixes found by `bisect` are remembered and read (`off`: neither)",
+             "the numerics sentinel, `rocm-autopatch bisect`"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),
     Variable(CACHE, _text, "a directory (unset: torch's defaults)", "",

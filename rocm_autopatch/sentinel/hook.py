@@ -33,7 +33,7 @@ import types
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import compile_frame, frames, log, patching, record, settings
-from rocm_autopatch.sentinel import judge, numerics, repro, schedule
+from rocm_autopatch.sentinel import background, fixes, judge, numerics, repro, schedule
 from rocm_autopatch.sentinel.status import (
     ALL,
     FAILED,
@@ -96,6 +96,7 @@ class Graph:
         self.compiled = compiled
         self.how = how
         self.fast: Any = None  # what every call runs once the graph is settled for good
+        self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
         self.lock = threading.Lock()
         self.analyses: Dict[Any, Any] = {}  # by shape signature
         self.kept: Dict[Any, Any] = {}
@@ -461,9 +462,15 @@ class Graph:
             pre.restore(flat)
             with numerics.grad_mode(grad):
                 res = self.gm(*flat[:len(self.placeholders)])
+        healed = ""
+        if self.healed is not None:
+            # The remembered fix did not hold (another shape, other values): not used again.
+            healed = (f", even compiled with the remembered fix ({self.entry.get('healed')}), "
+                      "now forgotten")
+            fixes.forget(self.healed.get("fingerprint"))
         self.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager"
                     + (f" (at call {plan.calls:,}, {schedule.BECAUSE[why]})"
-                       if plan.calls > 1 else ""))
+                       if plan.calls > 1 else "") + healed)
         then = (" This call returned eager's result and this graph runs eagerly from now on; "
                 "other graphs stay compiled." if falling_back else
                 f" Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
@@ -473,7 +480,13 @@ class Graph:
                       f"{what}.{when}{then} Compiled kernels that silently compute wrong numbers "
                       f"have been reported on AMD GPUs ({REF}); to report this one, "
                       + (f"attach {folder} (`python {folder}/repro.py` exits 1 while it "
-                         "reproduces; env.json is the environment)." if folder else
+                         "reproduces; env.json is the environment). "
+                         + (f"A bisection starts in the background at exit to name the "
+                            "compiler step and remember the fix for the next run "
+                            f"({settings.VERIFY_BISECT}=0: not)." if falling_back
+                            and bisect_limit() else
+                            f"`rocm-autopatch bisect {folder}` names the compiler step and "
+                            "remembers the fix for the next run.") if folder else
                          "TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a "
                          "minimal repro, and `rocm-autopatch doctor --json` the environment."))
         return res
@@ -576,15 +589,24 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
             gm = numerics.copy_graph(model_)
         except Exception:  # noqa: BLE001 - not a graph we can copy: compile, unwatched
             return original(model_, example_inputs_, *args, **kwargs)
+        fix = fixes.lookup(repro.fingerprint(gm))
+        healed = ""
         _busy.compiling = True
         try:
-            compiled = original(model_, example_inputs_, *args, **kwargs)
+            if fix is not None:
+                compiled, healed = _compile_healed(original, fix, model_, example_inputs_,
+                                                   *args, **kwargs)
+            else:
+                compiled = original(model_, example_inputs_, *args, **kwargs)
         finally:
             _busy.compiling = False
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
         graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks,
                       share)
+        if healed:
+            graph.healed = fix
+            graph.entry["healed"] = healed
         talks = numerics.communicates(gm)
         if talks:  # decided from the graph alone: the same on every rank
             graph.finish(SKIPPED, f"not compared: it communicates ({', '.join(talks)}); "
@@ -608,6 +630,21 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
         return run
 
     return compile_fx
+
+
+def _compile_healed(original: Any, fix: Dict[str, Any], model_: Any, example_inputs_: Any,
+                    *args: Any, **kwargs: Any) -> Tuple[Any, str]:
+    """Compile with the remembered fix; where that raises, without it (said in the report)."""
+    what = fixes.describe(fix["change"])
+    try:
+        with fixes.applied(fix):
+            return original(model_, example_inputs_, *args, **kwargs), what
+    except Exception as exc:  # noqa: BLE001 - the fix must never cost the program its compile
+        log.warn_once(("heal", fix.get("fingerprint")),
+                      f"numerics: the remembered fix for a graph ({what}) could not be "
+                      f"applied ({type(exc).__name__}: {_first(exc)}); it compiles as "
+                      "before")
+        return original(model_, example_inputs_, *args, **kwargs), ""
 
 
 def _where() -> str:
@@ -659,8 +696,10 @@ def verdict() -> str:
         totals = dict(info["totals"])
         wrong = [g for g in info["graphs"] if g["status"] in (FAILED, FELL_BACK)]
     graphs = sum(totals.values())
+    healed = sum(1 for g in info["graphs"] if g.get("healed") and g["status"] == PASSED)
+    cured = f" ({healed} healed by a remembered fix)" if healed else ""
     text = (f"{ENV}={info['mode']}: {graphs} graph{'s' if graphs != 1 else ''} compiled: "
-            f"{totals[PASSED]} passed, {totals[FAILED] + totals[FELL_BACK]} wrong"
+            f"{totals[PASSED]} passed{cured}, {totals[FAILED] + totals[FELL_BACK]} wrong"
             f"{' (run eagerly)' if totals[FELL_BACK] else ''}, {totals[SKIPPED]} not compared"
             + (f", {totals[PENDING]} not called yet" if totals[PENDING] else ""))
     if wrong:
@@ -671,11 +710,21 @@ def verdict() -> str:
     return text
 
 
+def bisect_limit() -> float:
+    """``ROCM_AUTOPATCH_VERIFY_BISECT``: seconds a background bisection may take (0: off)."""
+    return log.setting(settings.VERIFY_BISECT)
+
+
 def say_verdict() -> None:
-    """At exit: the verdict line (a process that compiled nothing says nothing)."""
+    """At exit: the verdict line (a process that compiled nothing says nothing), and under
+    ``fallback`` the background bisection of the graphs that fell back."""
     try:
         if sum(section()["totals"].values()):
             log.notice(verdict())
+        if section()["mode"] == "fallback" and bisect_limit():
+            for entry in list(section()["graphs"]):
+                if entry["status"] == FELL_BACK and entry.get("repro"):
+                    entry["bisect"] = background.start(entry["repro"], bisect_limit())
     except Exception:  # noqa: BLE001 - never at exit
         pass
 

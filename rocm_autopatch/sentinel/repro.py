@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -44,6 +45,14 @@ if __name__ == "__main__":
     from torch._dynamo.utils import same
     from torch.utils._pytree import tree_flatten
 
+    for item in sys.argv[1:]:  # Inductor settings to try: python repro.py max_autotune=False
+        import ast
+        key, _, value = item.partition("=")
+        *parents, last = key.split(".")
+        owner = torch._inductor.config
+        for name in parents:
+            owner = getattr(owner, name)
+        setattr(owner, last, ast.literal_eval(value))
     here = os.path.dirname(os.path.abspath(__file__))
     saved = os.path.join(here, "inputs")
     torch.manual_seed(0)  # inputs not saved are drawn again from this seed
@@ -121,34 +130,15 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
         if base is None:
             return ""
         where = os.path.join(base, fingerprint(gm))
-        if os.path.isdir(where):
-            shutil.rmtree(where, ignore_errors=True)
-        os.makedirs(where)
-        size = sum(x.untyped_storage().nbytes() for x in inputs
-                   if isinstance(x, torch.Tensor))
-        save = size <= SAVE_BYTES
-        import inspect
-
-        from torch._dynamo.repro.after_aot import generate_compiler_repro_string
-
-        options: Dict[str, Any] = {"save_dir": os.path.join(where, "inputs") if save else None}
-        if "stable_hash" in inspect.signature(generate_compiler_repro_string).parameters:
-            # Hash the saved inputs in Python: the default hashes them with a kernel that
-            # torch.compile builds, a compile the program's report would count as its own.
-            options["stable_hash"] = True
-        body = generate_compiler_repro_string(gm, inputs, **options)
-        note = ("" if save else
-                f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
-                f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
-                "and strides after torch.manual_seed(0), so a bug that depends on their "
-                "values may not reproduce.\n")
-        header = (f'"""Repro of graph {entry.get("graph")} of {entry.get("where")}, found '
-                  "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
-                  'it reproduces (needs torch only). env.json: the environment."""\n')
-        with open(os.path.join(where, "repro.py"), "w") as fh:
-            fh.write(header + note + body + RUNNER)
-        with open(os.path.join(where, "env.json"), "w") as fh:
-            json.dump(_environment(entry), fh, indent=1, default=str)
+        # Written aside, then moved in whole: ranks that found the same graph wrong write the
+        # same directory, and none may read another's half-written one.
+        os.makedirs(base, exist_ok=True)
+        work = tempfile.mkdtemp(prefix=f".{fingerprint(gm)}.", dir=base)
+        try:
+            _fill(work, gm, inputs, entry)
+            _move_in(work, where)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         return where
     except Exception as exc:  # noqa: BLE001 - the program goes on
         log.warn_once(("repro", "write"),
@@ -156,3 +146,47 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
                       f"written ({type(exc).__name__}: {str(exc).strip()[:200]}); set it "
                       "to a writable directory, or off")
         return ""
+
+
+def _move_in(work: str, where: str) -> None:
+    """``work`` becomes ``where``; an older repro there (an earlier run's) goes."""
+    if os.path.isdir(where):
+        old = f"{where}.old.{os.getpid()}"
+        try:
+            os.rename(where, old)
+        except OSError:
+            pass  # another rank moved it first
+        shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.rename(work, where)
+    except OSError:
+        if not os.path.isfile(os.path.join(where, "repro.py")):
+            raise  # not another rank's copy of the same graph: a real failure
+
+
+def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None:
+    import inspect
+
+    from torch._dynamo.repro.after_aot import generate_compiler_repro_string
+
+    size = sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+    save = size <= SAVE_BYTES
+    options: Dict[str, Any] = {"save_dir": os.path.join(where, "inputs") if save else None}
+    if "stable_hash" in inspect.signature(generate_compiler_repro_string).parameters:
+        # Hash the saved inputs in Python: the default hashes them with a kernel that
+        # torch.compile builds, a compile the program's report would count as its own.
+        options["stable_hash"] = True
+    body = generate_compiler_repro_string(gm, inputs, **options)
+    note = ("" if save else
+            f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
+            f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
+            "and strides after torch.manual_seed(0), so a bug that depends on their "
+            "values may not reproduce.\n")
+    header = (f'"""Repro of graph {entry.get("graph")} of {entry.get("where")}, found '
+              "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
+              'it reproduces (needs torch only). env.json: the environment."""\n')
+    with open(os.path.join(where, "repro.py"), "w") as fh:
+        fh.write(header + note + body + RUNNER)
+    device = next((x.device.type for x in inputs if isinstance(x, torch.Tensor)), None)
+    with open(os.path.join(where, "env.json"), "w") as fh:
+        json.dump({**_environment(entry), "device": device}, fh, indent=1, default=str)

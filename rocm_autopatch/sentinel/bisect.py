@@ -1,0 +1,417 @@
+"""``rocm-autopatch bisect DIR``: which compiler step makes a repro's graph wrong.
+
+``DIR`` is a repro directory the sentinel wrote (``repro``): its ``repro.py`` exits 1 while
+the compiled graph differs from eager and 0 when it matches. Every step below runs it in a
+fresh interpreter (without rocm-autopatch), with the caches off, under a time limit:
+
+1. the repro as it is: it must reproduce, or there is nothing to look for;
+2. torch's ``CompilerBisector`` (``torch/_inductor/compiler_bisector.py``, torch >= 2.6;
+   pytorch PR #131936): the graph with more and more of the compiler on (Dynamo's eager
+   backend, aot_eager, aot_eager with Inductor's decompositions, Inductor), then, in the
+   first stage that differs, each subsystem off in turn (decompositions, pre-grad,
+   joint-graph and post-grad passes, CUDA graphs, lowerings, settings such as
+   ``emulate_precision_casts``), then a binary search over the applications of the one whose
+   absence makes it match, down to the one decomposition, lowering or pass;
+3. where the running build has them, the knobs behind public reports of wrong results on
+   AMD GPUs (``KNOBS``), one run each.
+
+The answer is one plain line, written with every step to ``DIR/bisect.json`` (and torch's
+own output to ``DIR/bisect.log``). The change that made the graph match eager is remembered
+(``fixes``) for the next run of the program. The exit status: 0 when a change was found, 1
+when none was, 2 when it could not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from rocm_autopatch.sentinel import fixes
+
+STEP_SECONDS = 600.0  # one run of the repro (a compile in a fresh interpreter)
+RESULT = "bisect.json"
+LOG = "bisect.log"
+LOCK = "bisect.lock"
+
+
+class Knob(NamedTuple):
+    name: str
+    change: Dict[str, Any]  # a fixes change
+    applies: Callable[[Dict[str, Any], str], str]  # (env.json, repro text) -> why not, or ""
+    ref: str
+
+
+def _amd(env: Dict[str, Any], text: str) -> str:
+    if not env.get("hip"):
+        return "applies to AMD GPUs only (this graph was found on a build without HIP)"
+    return "" if "device='cuda" in text or 'device="cuda' in text else \
+        "the graph runs on the CPU (no Triton GPU kernel)"
+
+
+def _gpu(env: Dict[str, Any], text: str) -> str:
+    if "device='cuda" not in text and 'device="cuda' not in text:
+        return "the graph runs on the CPU (its C++ kernels index in 64 bits already)"
+    try:
+        from torch._inductor.codegen.simd import SIMDScheduling
+    except Exception:  # noqa: BLE001
+        return "this torch has no torch._inductor.codegen.simd.SIMDScheduling"
+    return "" if "can_use_32bit_indexing" in SIMDScheduling.__dict__ else \
+        "this torch has no SIMDScheduling.can_use_32bit_indexing"
+
+
+def _tuned(env: Dict[str, Any], text: str) -> str:
+    if re.search(r"max_autotune(_gemm)? = True", text):
+        return ""
+    return "autotuning is off in this graph's configuration: its GEMMs already run on ATen"
+
+
+KNOBS = (
+    Knob("Triton's block ping-pong scheduling off",
+         {"kind": "env", "name": "TRITON_HIP_USE_BLOCK_PINGPONG", "value": "0"}, _amd,
+         "triton-lang/triton#11696"),
+    Knob("AMDGCN buffer ops off",
+         {"kind": "env", "name": "AMDGCN_USE_BUFFER_OPS", "value": "0"}, _amd,
+         "ROCm/triton#944"),
+    Knob("GEMMs on ATen (no Triton/CK templates)",
+         {"kind": "config", "module": "inductor", "key": "max_autotune_gemm_backends",
+          "value": "ATEN"}, _tuned, "torch/_inductor/config.py max_autotune_gemm_backends"),
+    Knob("64-bit indexing in every kernel", {"kind": "index64"}, _gpu,
+         "torch/_inductor/codegen/simd.py SIMDScheduling.can_use_32bit_indexing"),
+)
+
+# A child reads the bisector's state from the directory this process writes it to (torch
+# reads it from its Inductor cache directory, which a repro sets to the program's), and
+# applies a change that is not an Inductor setting (those go on repro.py's command line,
+# after the settings the repro makes itself), then runs the repro.
+BOOT = """\
+import json, os, runpy, sys
+state = os.environ.pop("ROCM_AUTOPATCH_BISECT_STATE", "")
+if state:
+    from torch._inductor import compiler_bisector as cb
+    cb.CompilerBisector.in_process_cache = state
+    cb.CompilerBisector.bisection_enabled = cb.get_is_bisection_enabled()
+change = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_CHANGE", "null"))
+if change:
+    from rocm_autopatch.sentinel import fixes
+    fixes.applied({"change": change}).__enter__()
+path = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+class OutOfTime(Exception):
+    pass
+
+
+class Runner:
+    """Runs the repro, one step at a time, within the limits; says where it is."""
+
+    def __init__(self, folder: str, limit: float, say: Callable[[str], None],
+                 log_file: Any) -> None:
+        self.repro = os.path.join(folder, "repro.py")
+        self.deadline = time.monotonic() + limit
+        self.start = time.monotonic()
+        self.say = say
+        self.log = log_file
+        self.steps = 0
+        self.state = tempfile.mkdtemp(prefix="rocm-autopatch-bisect-")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def good(self, what: str, change: Optional[Dict[str, Any]] = None,
+             bisector: str = "") -> bool:
+        """Whether the repro matches eager in this step (exit status 0)."""
+        left = self.deadline - time.monotonic()
+        if left <= 1:
+            raise OutOfTime()
+        self.steps += 1
+        self.say(f"rocm-autopatch bisect: step {self.steps} ({self.elapsed():.0f} s): {what}")
+        env = dict(os.environ)
+        env.update({"ROCM_AUTOPATCH": "0", "PYTHONDONTWRITEBYTECODE": "1",
+                    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
+                    "ROCM_AUTOPATCH_BISECT_STATE": bisector})
+        argv = [sys.executable, "-c", BOOT, self.repro]
+        if change and change["kind"] == "config":
+            argv.append(f"{change['key']}={change['value']!r}")
+        elif change:
+            env["ROCM_AUTOPATCH_BISECT_CHANGE"] = json.dumps(change)
+        self.log.write(f"\n---- step {self.steps}: {what}\n")
+        self.log.flush()
+        try:
+            proc = subprocess.run(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                  cwd=os.path.dirname(self.repro),
+                                  timeout=min(left, STEP_SECONDS))
+        except subprocess.TimeoutExpired:
+            self.log.write("(step timed out)\n")
+            if time.monotonic() >= self.deadline - 1:
+                raise OutOfTime() from None
+            return False
+        self.log.write(f"(exit status {proc.returncode})\n")
+        self.log.flush()
+        return proc.returncode == 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def _where_now(bisector: Any) -> str:
+    """The bisector's state in words, for the progress line."""
+    backend = bisector.get_backend() or "?"
+    subsystem = bisector.get_subsystem()
+    if not subsystem:
+        return f"is the {backend} stage already wrong?"
+    state = bisector.get_run_state(backend, subsystem)
+    if state == "bisect":
+        low, high = bisector.get_bisect_range(backend, subsystem)
+        return f"{backend}: {subsystem}, applications {low}-{high}"
+    if state == "find_max_bounds":
+        return f"{backend}: {subsystem}, counting its applications"
+    from torch._inductor import compiler_bisector as cb
+
+    system = next((s for s in cb.BACKENDS.get(backend, []) if s.name == subsystem), None)
+    if isinstance(system, cb.ConfigChange):
+        return f"{backend}: does {system.config_field}={system.config_value!r} make it match?"
+    return f"{backend}: does turning {subsystem} off make it match?"
+
+
+def _torch_bisect(runner: Runner) -> Dict[str, Any]:
+    """torch's CompilerBisector over the repro; its result as data."""
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    # This process writes the bisector's state to files there; the children read it.
+    state = os.path.join(runner.state, "torch")
+    os.makedirs(state, exist_ok=True)
+    CompilerBisector.in_process_cache = state
+
+    def test() -> bool:
+        return runner.good(_where_now(CompilerBisector), bisector=state)
+
+    with contextlib.redirect_stdout(runner.log):  # torch prints as it goes
+        result = CompilerBisector.do_bisect(test)
+    runner.log.flush()
+    if result is None:
+        return {"stage": None}
+    found = {"stage": result.backend, "subsystem": result.subsystem,
+             "application": result.bisect_number, "target": result.debug_info}
+    with open(runner.log.name) as fh:
+        bounds = re.findall(r"Upper bound of (\d+) found", fh.read())
+    if bounds and result.subsystem and result.bisect_number is not None:
+        found["of"] = int(bounds[-1])
+    return found
+
+
+STAGES = {
+    "eager": "not the compiler: Dynamo's graph run by its eager backend already differs "
+             "from eager (the captured graph, or a result that is not deterministic)",
+    "aot_eager": "not Inductor: aot_eager already differs (AOTAutograd's tracing and "
+                 "functionalization)",
+    "aot_eager_decomp_partition": "in AOTAutograd with Inductor's decompositions and "
+                                  "partitioner, before Inductor generates code",
+    "aot_eager_decomp_partition_crossref": "in AOTAutograd with fake-tensor cross-checks",
+    "inductor": "in Inductor",
+}
+
+
+PASSES = {"pre_grad_passes": "pre-grad pass", "joint_graph_passes": "joint-graph pass",
+          "post_grad_passes": "post-grad pass", "pre_grad_graph": "pre-grad graph pass"}
+
+
+def _answer(found: Dict[str, Any]) -> str:
+    stage, subsystem = found.get("stage"), found.get("subsystem")
+    where = STAGES.get(stage, f"in the {stage} stage")
+    if not subsystem:
+        return where + (": no single subsystem alone; turning each off did not make it match"
+                        if stage in ("aot_eager_decomp_partition", "inductor") else "")
+    n, of = found.get("application"), found.get("of")
+    target = fixes.op_name(found.get("target"))
+    count = f" (application {n} of {of})" if of else f" (application {n})" if n else ""
+    change = _change(found) or {}
+    if change.get("kind") == "config":
+        return f"{where}: {fixes.describe(change)} makes it match"
+    if subsystem == "decomposition":
+        return f"the decomposition of {target}{count}, {where}"
+    if subsystem == "lowerings":
+        return f"Inductor's lowering of node {target}{count}"
+    if subsystem in PASSES:
+        return f"Inductor's {PASSES[subsystem]} {target}{count}"
+    if subsystem == "cudagraphs":
+        return "Inductor's CUDA/HIP graph wrapping of the compiled graph"
+    return f"{where}: {subsystem} {target or ''}".strip()
+
+
+def _change(found: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The one change to remember for what torch's bisector found; None when it named none."""
+    from torch._inductor import compiler_bisector as cb
+
+    stage, subsystem = found.get("stage"), found.get("subsystem")
+    if not subsystem or stage not in ("aot_eager_decomp_partition", "inductor"):
+        return None
+    known = {s.name: s for s in cb.BACKENDS.get(stage, [])}
+    system = known.get(subsystem)
+    if isinstance(system, cb.ConfigChange):
+        return {"kind": "config", "module": system.config_name, "key": system.config_field,
+                "value": system.config_value}
+    exact = isinstance(system, cb.BisectSubsystem) and found.get("target") not in (None, "")
+    return {"kind": "skip", "backend": stage, "subsystem": subsystem,
+            "target": found.get("target") if exact else None}
+
+
+def run(folder: str, limit: float, say: Callable[[str], None], remember: bool = True
+        ) -> Dict[str, Any]:
+    """Bisect the repro in ``folder`` within ``limit`` seconds; the result (also written to
+    ``folder/bisect.json``)."""
+    folder = os.path.abspath(folder)
+    result: Dict[str, Any] = {"repro": folder, "status": "error", "answer": "", "tried": [],
+                              "change": None, "remembered": ""}
+    if not os.path.isfile(os.path.join(folder, "repro.py")):
+        result["answer"] = f"{folder} has no repro.py: not a repro directory"
+        return result
+    env = _env_json(folder)
+    with open(os.path.join(folder, "repro.py")) as fh:
+        text = fh.read()
+    with open(os.path.join(folder, LOG), "w") as log_file:
+        runner = Runner(folder, limit, say, log_file)
+        try:
+            _bisect(runner, env, text, result)
+        except OutOfTime:
+            result.update(status="not found", answer=(
+                f"not found within the limit ({limit:.0f} s, {runner.steps} steps)"
+                + (f"; so far: {result['so_far']}" if result.get("so_far") else "")))
+        except Exception as exc:  # noqa: BLE001 - said, with torch's output in the log
+            result.update(status="error", answer=f"the bisection failed: "
+                                                 f"{type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            runner.close()
+        result.update(steps=runner.steps, seconds=round(runner.elapsed(), 1))
+    if remember and result["change"] is not None:
+        result["remembered"] = _remember(folder, env, result)
+    _write(folder, result)
+    return result
+
+
+def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, Any]) -> None:
+    if runner.good("the repro as it is (does it reproduce?)"):
+        result.update(status="not reproduced", answer=(
+            "not reproduced: the repro's compiled graph matches eager here (a failure that "
+            "depends on values not saved, another GPU or another build?)"))
+        return
+    try:
+        from torch._inductor.compiler_bisector import CompilerBisector
+    except ImportError:
+        CompilerBisector = None  # noqa: N806
+    if CompilerBisector is None or not hasattr(CompilerBisector, "in_process_cache"):
+        import torch
+
+        result["torch_bisector"] = (f"not run: torch {torch.__version__} has no "
+                                    "torch._inductor.compiler_bisector.CompilerBisector "
+                                    "(torch >= 2.6)")
+        found: Dict[str, Any] = {"stage": "inductor"}  # only the knobs can be tried
+    else:
+        found = _torch_bisect(runner)
+        result["torch_bisector"] = found
+        if found.get("stage") is None:
+            result.update(status="not found", answer=(
+                "not found: with the bisector on, every stage matched eager (a failure that "
+                "does not reproduce every time?)"))
+            return
+        result["so_far"] = _answer(found)
+        change = _change(found)
+        if change is not None:
+            result.update(status="found", answer=_answer(found), change=change)
+    for knob in KNOBS:
+        why_not = knob.applies(env, text)
+        if not why_not and found.get("stage") not in ("inductor",):
+            why_not = "the graph is already wrong before Inductor generates code"
+        if not why_not and result["change"] is not None:
+            why_not = "not needed: torch's bisector named the step"
+        entry = {"knob": knob.name, "change": knob.change, "ref": knob.ref}
+        if why_not:
+            result["tried"].append({**entry, "outcome": f"not tried: {why_not}"})
+            continue
+        fixed = runner.good(f"knob: {knob.name}", change=knob.change)
+        result["tried"].append({**entry, "outcome": "makes it match" if fixed else
+                                "still differs"})
+        if fixed:
+            result.update(status="found", change=knob.change,
+                          answer=f"{knob.name} makes it match ({knob.ref})")
+            return
+    if result["change"] is None:
+        tried = any(not t["outcome"].startswith("not tried") for t in result["tried"])
+        if isinstance(result["torch_bisector"], str):
+            answer = f"not found: torch's bisector {result['torch_bisector'][5:]}" + (
+                "; no knob tried made it match" if tried else "; no knob applies here")
+        else:
+            answer = _answer(found) + ("; no knob tried made it match" if tried else "")
+        result.update(status="not found", answer=answer)
+
+
+def _env_json(folder: str) -> Dict[str, Any]:
+    try:
+        with open(os.path.join(folder, "env.json")) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _remember(folder: str, env: Dict[str, Any], result: Dict[str, Any]) -> str:
+    """Keep the change for the graph, for the environment the graph was found in."""
+    now = fixes.here()
+    found_in = {"torch": env.get("torch"), "triton": env.get("triton"),
+                "arch": ",".join(sorted(set(env.get("gpu_archs") or []))) or "none"}
+    if fixes.stale(found_in, now):
+        result["not_remembered"] = (f"the repro was written with {fixes.stale(now, found_in)}"
+                                    "; a fix found here is not remembered for it")
+        return ""
+    try:
+        return fixes.remember({"fingerprint": os.path.basename(folder), **found_in,
+                               "change": result["change"], "answer": result["answer"],
+                               "repro": folder, "where": env.get("where", "")})
+    except OSError as exc:
+        result["not_remembered"] = f"the store could not be written: {exc}"
+        return ""
+
+
+def _write(folder: str, result: Dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        tmp = os.path.join(folder, f".{RESULT}.{os.getpid()}")
+        with open(tmp, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+        os.replace(tmp, os.path.join(folder, RESULT))
+
+
+def read(folder: str) -> Optional[Dict[str, Any]]:
+    """A repro directory's bisection result, if one ran."""
+    try:
+        with open(os.path.join(folder, RESULT)) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def lines(result: Dict[str, Any]) -> List[str]:
+    """The result for a person: the answer, then what was tried."""
+    out = [f"rocm-autopatch bisect: {result['answer']}"]
+    if result.get("steps"):
+        out.append(f"  {result['steps']} runs of repro.py in {result.get('seconds', 0):.0f} s; "
+                   f"torch's output: {os.path.join(result['repro'], LOG)}")
+    for t in result["tried"]:
+        out.append(f"  knob {t['knob']} [{t['ref']}]: {t['outcome']}")
+    if result.get("remembered"):
+        out.append(f"  remembered in {result['remembered']}: the next run compiles this graph "
+                   f"with {fixes.describe(result['change'])}, checks it, and runs it compiled "
+                   "if it matches (`rocm-autopatch forget` undoes it)")
+    elif result.get("not_remembered"):
+        out.append(f"  not remembered: {result['not_remembered']}")
+    return out
