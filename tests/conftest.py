@@ -73,9 +73,9 @@ class Venv:
         if not self.has(module):
             pytest.skip(f"{module} is not installed in the torch venv under test ({self.path})")
 
-    def json(self, code: str, **kwargs) -> dict:
+    def json(self, code: str, *args: str, **kwargs) -> dict:
         """Run ``code``; its last stdout line is JSON. Fails with stderr on a crash."""
-        proc = self.run(code, **kwargs)
+        proc = self.run(code, *args, **kwargs)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

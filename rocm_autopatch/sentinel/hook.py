@@ -671,6 +671,8 @@ def install(module: types.ModuleType) -> None:
         if patching.ours(getattr(module, "compile_fx", None)):
             return
         checks, share = calls(), budget()
+        if how == "fallback":
+            bisect_limit()  # read now: a bad value is said at start, not at exit
         if patching.wrap(module, "compile_fx",
                          lambda original: wrap_compile_fx(original, how, checks, share),
                          like_original=True) is None:

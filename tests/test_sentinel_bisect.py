@@ -1,0 +1,164 @@
+"""From a wrong graph to the compiler step that makes it wrong, and a fix the next run uses
+(issue 26), through the installed wheel, with real compiles in real subprocesses.
+
+The miscompiles stand in for a torch bug, and must be in every fresh interpreter the
+bisection starts, as a bug in torch would be:
+- a wrong decomposition of silu in Inductor's table, installed by a ``sitecustomize`` on
+  the children's PYTHONPATH (a patch made in the program alone would not be in them);
+- torch's own fault injection, ``cpp.inject_relu_bug_TESTING_ONLY`` (relu(x) as x + 1 in
+  the C++ code Inductor generates), an Inductor setting the repro carries.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Venv, clean_env
+
+SITECUSTOMIZE = '''
+# A torch whose Inductor decomposition of silu is wrong (stands in for a torch bug).
+import torch
+from torch._inductor import decomposition as d
+d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) * 1.5
+'''
+
+JOB = r'''
+import json, sys, torch
+import torch._inductor.config as c
+if "relu" in sys.argv:
+    c.cpp.inject_relu_bug_TESTING_ONLY = "accuracy"
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 64),
+                        torch.nn.ReLU(), torch.nn.Linear(64, 8))
+f = torch.compile(m)
+x = torch.randn(32, 64)
+with torch.no_grad():
+    for _ in range(3):
+        y = f(x)
+    ok = bool((y - m(x)).abs().max() < 1e-4)
+import rocm_autopatch
+graphs = rocm_autopatch.report().verify["graphs"]
+print(json.dumps({"ok": ok, "graphs": [{k: g.get(k) for k in ("status", "reason", "repro",
+                                                             "healed", "bisect")}
+                                       for g in graphs]}))
+'''
+
+
+def _env(tmp: Path, **extra: str) -> dict:
+    return {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback",
+            "ROCM_AUTOPATCH_VERIFY_DIR": str(tmp / "repros"),
+            "ROCM_AUTOPATCH_FIXES": str(tmp / "fixes.json"),
+            # One cache directory for every run: a healed compile must not be served the
+            # wrong kernel the first run cached.
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor-cache"), **extra}
+
+
+def _job(venv: Venv, env: dict, *args: str) -> dict:
+    return venv.json(JOB, *args, env=env)
+
+
+def _cli(venv: Venv, *args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv.path / "bin" / "rocm-autopatch"), *args],
+                          capture_output=True, text=True, env=clean_env(**env), timeout=900)
+
+
+@pytest.fixture()
+def buggy_torch(tmp_path: Path) -> Path:
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return inject
+
+
+def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
+        torch_venv: Venv, tmp_path: Path, buggy_torch: Path) -> None:
+    env = _env(tmp_path, PYTHONPATH=str(buggy_torch), ROCM_AUTOPATCH_VERIFY_BISECT="600",
+               ROCM_AUTOPATCH_REPORT=str(tmp_path / "report.json"))
+    first = _job(torch_venv, env)
+    (graph,) = first["graphs"]
+    assert first["ok"] and graph["status"] == "fell back", first
+    folder = Path(graph["repro"])
+    # Started at exit: the compile report, written after it, says so.
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verify"]["graphs"][0]["bisect"]["status"] == "started in the background"
+    # The program did not wait for it: the bisection takes several compiles.
+    assert not (folder / "bisect.json").exists()
+    deadline = time.monotonic() + 600
+    while not (folder / "bisect.json").exists() and time.monotonic() < deadline:
+        time.sleep(2)
+    result = json.loads((folder / "bisect.json").read_text())
+    assert result["status"] == "found", (folder / "bisect-run.log").read_text()[-3000:]
+    assert result["answer"].startswith("the decomposition of aten.silu.default (application ")
+    assert result["change"] == {"kind": "skip", "backend": "aot_eager_decomp_partition",
+                                "subsystem": "decomposition",
+                                "target": "<OpOverload(op='aten.silu', overload='default')>"}
+    progress = (folder / "bisect-run.log").read_text()
+    assert "rocm-autopatch bisect: step 1 " in progress and "applications" in progress
+    store = json.loads((tmp_path / "fixes.json").read_text())
+    (fix,) = store["fixes"]
+    assert fix["fingerprint"] == folder.name and fix["change"] == result["change"]
+    # The doctor shows the answer beside the graph.
+    view = _cli(torch_venv, "doctor", "--report", str(tmp_path / "report.json"), env={})
+    assert "bisect: the decomposition of aten.silu.default" in " ".join(view.stdout.split())
+
+    # The next run compiles that graph healed, checks it, and it passes: it runs compiled.
+    # (Had the cache served the first run's kernel, the check would have failed.)
+    second = _job(torch_venv, _env(tmp_path, PYTHONPATH=str(buggy_torch)))
+    (graph,) = second["graphs"]
+    assert second["ok"] and graph["status"] == "passed", second
+    assert graph["healed"] == ("the decomposition of aten.silu.default left out (the op runs "
+                               "as ATen's)")
+    doctor = _cli(torch_venv, "doctor", env=_env(tmp_path))
+    assert f"graph {folder.name}: the decomposition of aten.silu.default" in doctor.stdout
+    gone = _cli(torch_venv, "forget", "--all", env=_env(tmp_path))
+    assert gone.returncode == 0 and gone.stdout.startswith("forgot 1 fix")
+    assert json.loads((tmp_path / "fixes.json").read_text())["fixes"] == []
+
+
+def test_bisect_names_a_wrong_lowering_and_the_fix_holds(torch_venv: Venv,
+                                                         tmp_path: Path) -> None:
+    env = _env(tmp_path, ROCM_AUTOPATCH_VERIFY_BISECT="0")
+    first = _job(torch_venv, env, "relu")
+    (graph,) = first["graphs"]
+    assert graph["status"] == "fell back" and graph["bisect"] is None
+    folder = graph["repro"]
+    run = _cli(torch_venv, "bisect", folder, "--json", env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["answer"].startswith("Inductor's lowering of node relu (application "), result
+    assert result["change"]["subsystem"] == "lowerings"
+    assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 4
+    assert "rocm-autopatch bisect: step 2 " in run.stderr  # progress, on stderr
+    second = _job(torch_venv, env, "relu")
+    (graph,) = second["graphs"]
+    assert second["ok"] and graph["status"] == "passed", second
+    assert graph["healed"] == "Inductor's lowering of node relu left to ATen"
+
+
+def test_bisect_says_when_there_is_nothing_to_find(torch_venv: Venv, tmp_path: Path) -> None:
+    """A repro that no longer reproduces (here: torch's fault injection taken out) gets a
+    plain answer and nothing is remembered; a directory that is not a repro is refused."""
+    env = _env(tmp_path, ROCM_AUTOPATCH_VERIFY_BISECT="0")
+    (graph,) = _job(torch_venv, env, "relu")["graphs"]
+    repro = Path(graph["repro"]) / "repro.py"
+    repro.write_text(repro.read_text().replace("inject_relu_bug_TESTING_ONLY = 'accuracy'",
+                                               "inject_relu_bug_TESTING_ONLY = None"))
+    run = _cli(torch_venv, "bisect", graph["repro"], env=env)
+    assert run.returncode == 1 and run.stdout.startswith(
+        "rocm-autopatch bisect: not reproduced: the repro's compiled graph matches eager")
+    assert not (tmp_path / "fixes.json").exists()
+    assert _cli(torch_venv, "bisect", str(tmp_path), env=env).returncode == 2
+
+
+def test_bad_values_of_the_new_variables_warn_once(torch_venv: Venv, tmp_path: Path) -> None:
+    (tmp_path / "fixes.json").write_text("{not json")
+    env = _env(tmp_path, ROCM_AUTOPATCH_VERIFY_BISECT="soon")
+    proc = torch_venv.run(JOB, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("ROCM_AUTOPATCH_VERIFY_BISECT='soon' is not understood") == 1
+    assert proc.stderr.count(f"ROCM_AUTOPATCH_FIXES: {tmp_path / 'fixes.json'} could not be "
+                             "read") == 1
