@@ -13,12 +13,16 @@ because this may be a machine without an AMD GPU; on a ROCm build it is what hap
    ``cpp.inject_relu_bug_TESTING_ONLY = "accuracy"``: relu(x) computed as x + 1), standing
    for the silent miscompiles reported on AMD GPUs: without rocm-autopatch, then with
    ROCM_AUTOPATCH_VERIFY=check and =fallback.
+3. The README's "When the sentinel warns": each repro directory the fallback run wrote is
+   bisected (``rocm-autopatch bisect``: the compiler step named, the fix remembered), and
+   the script runs once more: the graphs run compiled again, healed, and checked.
 """
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,7 +42,11 @@ try:
         for w in r.compile_rewrites],
             "config": [f"{c.key}={c.after!r}" for c in r.config if c.status == "applied"
                        and c.key.endswith(("max_autotune", "cudagraph_trees"))],
-            "verify": (r.verify or {}).get("totals")}
+            "verify": (r.verify or {}).get("totals"),
+            "healed": sum(bool(g.get("healed")) and g["status"] == "passed"
+                          for g in (r.verify or {}).get("graphs", [])),
+            "repros": sorted({g["repro"] for g in (r.verify or {}).get("graphs", [])
+                              if g.get("repro")})}
 except ImportError:
     said = {"active": False}
 print("REPORT " + json.dumps(said))
@@ -59,16 +67,31 @@ def run(script, env, inject=False):
     return {k.strip(): v.strip() for k, v in tokens.items()}, report, warnings
 
 
+def bisect(folder, env):
+    proc = subprocess.run([sys.executable, "-m", "rocm_autopatch", "bisect", folder, "--json"],
+                          capture_output=True, text=True, env={**os.environ, **env},
+                          timeout=1800)
+    if proc.returncode not in (0, 1):
+        sys.exit(f"bisect failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
 def main():
     print("rocm-autopatch demo (ROCm behaviour forced with ROCM_AUTOPATCH=force)\n", flush=True)
     hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
     first = (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
              ("with rocm-autopatch", {"ROCM_AUTOPATCH": "force"}))
+    work = tempfile.mkdtemp(prefix="rocm-autopatch-demo-")
+    # Part 3's repros and remembered fixes stay in this run's own directory.
+    fallback = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback",
+                "ROCM_AUTOPATCH_VERIFY_DIR": os.path.join(work, "repros"),
+                "ROCM_AUTOPATCH_FIXES": os.path.join(work, "fixes.json"),
+                "ROCM_AUTOPATCH_VERIFY_BISECT": "0"}  # bisected below, in the foreground
     second = (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
               ("ROCM_AUTOPATCH_VERIFY=check", {"ROCM_AUTOPATCH": "force",
-                                              "ROCM_AUTOPATCH_VERIFY": "check"}),
-              ("ROCM_AUTOPATCH_VERIFY=fallback", {"ROCM_AUTOPATCH": "force",
-                                                 "ROCM_AUTOPATCH_VERIFY": "fallback"}))
+                                              "ROCM_AUTOPATCH_VERIFY": "check",
+                                              "ROCM_AUTOPATCH_VERIFY_DIR": "off"}),
+              ("ROCM_AUTOPATCH_VERIFY=fallback", fallback))
     # The five runs are independent processes: run them side by side, print them in order.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         runs = [pool.submit(run, "hf_generate.py", {**hostile, **env}) for _, env in first]
@@ -94,6 +117,19 @@ def main():
                    "WRONG, and nothing says so")
         print(f"   {label:<30}: tokens {tokens['compiled']}  {verdict}")
     print(f"   {'eager (the right answer)':<30}: tokens {truth}")
+    repros = results[-1][1]["repros"]
+    print(f"\n3. When the sentinel warns: the fallback run wrote {len(repros)} repro "
+          "director" + ("y" if len(repros) == 1 else "ies") + f"; `rocm-autopatch bisect "
+          f"DIR` on the first ({os.path.basename(repros[0])}), a few minutes on a CPU:")
+    result = bisect(repros[0], fallback)
+    print(f"   {result['answer']} ({result.get('steps')} runs of repro.py, "
+          f"{result.get('seconds', 0):.0f} s); fix remembered: {bool(result['remembered'])}")
+    tokens, report, _ = run("opt_generate.py", fallback, True)
+    right = "correct" if tokens["compiled"] == truth else "WRONG"
+    print(f"   the next run (fallback): tokens {tokens['compiled']}  {right}; "
+          f"{report['healed']} graph compiled with the remembered fix, checked and run "
+          f"compiled; {len(report['repros'])} still run eagerly (bisect "
+          f"{'it' if len(report['repros']) == 1 else 'them'} too)")
     print("\n`rocm-autopatch doctor` shows the setup; ROCM_AUTOPATCH_REPORT=PATH writes what "
           "each run did (README).")
 

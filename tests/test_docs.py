@@ -84,3 +84,7 @@ def test_the_readme_demo_runs_as_written_on_a_fresh_copy(tmp_path: Path) -> None
     assert "WRONG, and nothing says so" in out  # the miscompile, without the package
     assert "warning(s) name the graph(s)" in out  # check
     assert "correct: the graphs that differ run eagerly" in out  # fallback
+    # When the sentinel warns: bisected, the step named, the fix remembered and used.
+    assert "Inductor's lowering of node relu (application " in out
+    assert "fix remembered: True" in out
+    assert "correct; 1 graph compiled with the remembered fix, checked and run compiled" in out

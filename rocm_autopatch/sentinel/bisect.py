@@ -101,7 +101,8 @@ if state:
 change = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_CHANGE", "null"))
 if change:
     from rocm_autopatch.sentinel import fixes
-    fixes.applied({"change": change}).__enter__()
+    applied = fixes.applied({"change": change})  # held: collected, it would undo itself
+    applied.__enter__()
 path = sys.argv[1]
 sys.argv = sys.argv[1:]
 runpy.run_path(path, run_name="__main__")
@@ -327,7 +328,12 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
         result["so_far"] = _answer(found)
         change = _change(found)
         if change is not None:
-            result.update(status="found", answer=_answer(found), change=change)
+            # What is remembered is checked first: the change alone, as the next run applies
+            # it (torch's bisector names the first wrong application; the fix covers them all).
+            if runner.good(f"the fix alone: {fixes.describe(change)}", change=change):
+                result.update(status="found", answer=_answer(found), change=change)
+            else:
+                result["fix_checked"] = f"{fixes.describe(change)} alone does not make it match"
     for knob in KNOBS:
         why_not = knob.applies(env, text)
         if not why_not and found.get("stage") not in ("inductor",):

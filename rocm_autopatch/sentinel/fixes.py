@@ -162,7 +162,7 @@ def describe(change: Dict[str, Any]) -> str:
     kind = change.get("kind")
     if kind == "skip":
         what = {"decomposition": "the decomposition of {t} left out (the op runs as ATen's)",
-                "lowerings": "Inductor's lowering of node {t} left to ATen",
+                "lowerings": "Inductor's lowering of {t} left to ATen (every such node)",
                 "cudagraphs": "CUDA/HIP graphs off",
                 }.get(change.get("subsystem", ""), "{s} {t} off")
         return what.format(t=op_name(change.get("target") or "(every application)"),
@@ -224,9 +224,12 @@ def _skip(change: Dict[str, Any]) -> Iterator[None]:
     backend, subsystem, target = change["backend"], change["subsystem"], change.get("target")
     original = CompilerBisector.__dict__["disable_subsystem"]
 
+    family = _family(target) if subsystem == "lowerings" and target else None
+
     def disable_subsystem(cls: Any, name: str, system: str, debug_info: Any = None) -> bool:
         if name == backend and system == subsystem and (
-                target is None or (debug_info is not None and debug_info() == target)):
+                target is None or (debug_info is not None and (
+                    family.fullmatch(debug_info()) if family else debug_info() == target))):
             return True
         return original.__func__(cls, name, system, debug_info)
 
@@ -235,6 +238,14 @@ def _skip(change: Dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         CompilerBisector.disable_subsystem = original  # type: ignore[method-assign]
+
+
+def _family(node: str) -> re.Pattern[str]:
+    """The nodes of one op in a graph: torch's bisector names the first wrong one ("relu");
+    the same op's other nodes ("relu_1", "relu_2") are made the same way and left to ATen
+    with it."""
+    base = re.sub(r"_\d+$", "", node)
+    return re.compile(re.escape(base) + r"(_\d+)?")
 
 
 @contextlib.contextmanager
