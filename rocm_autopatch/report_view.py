@@ -294,14 +294,17 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
     for problem in view["unreadable"]:
         out.append(f"! {problem}")
     out.append(f"  {'process':<12}{'graphs':>7}{'breaks':>7}{'recomp.':>8}{'seconds':>9}"
-               f"{'eager*':>7}{'fx cache hit/miss':>19}")
+               f"{'eager*':>7}{'cache hit/miss':>15}{'saved s':>9}")
     for p in procs:
         cache = f"{_n(p['cache'].get('fxgraph_hit'))}/{_n(p['cache'].get('fxgraph_miss'))}"
         out.append(f"  {_who(p['rank'], p['pid']):<12}{_n(p['graphs']):>7}"
                    f"{_n(p['graph_breaks']):>7}{_n(p['recompiles']):>8}"
-                   f"{_n(p['seconds'], '.1f'):>9}{_n(p['eager_in_capture']):>7}{cache:>19}")
+                   f"{_n(p['seconds'], '.1f'):>9}{_n(p['eager_in_capture']):>7}{cache:>15}"
+                   f"{_n(p['cache'].get('seconds_saved'), '.1f'):>9}")
     out.append("  (seconds: forward and backward compiles; * calls run eagerly because a "
-               "CUDA/HIP graph was being captured; ? = not counted by this torch)")
+               "CUDA/HIP graph was being captured; cache: Inductor's FX-graph cache; saved: "
+               "the original compile time of the entries loaded, as torch records it; ? = "
+               "not counted by this torch)")
     checked = [p for p in procs if p["verify"]["mode"] != "off"]
     if checked:
         out += ["", "Numerics (ROCM_AUTOPATCH_VERIFY: compiled graphs compared with eager)"]

@@ -39,6 +39,24 @@ def _run(venv: Venv, tmp_path: Path, name: str, **env: str) -> tuple:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+def _traced_hits(folder: Path) -> list:
+    """time_saved_ns of each FX-graph cache hit in torch's structured trace (TORCH_TRACE):
+    an envelope line naming the artifact, then its JSON payload on tab-indented lines."""
+    found = []
+    for path in folder.iterdir():
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if '"fx_graph_cache_hit"' not in line:
+                continue
+            payload = []
+            for more in lines[i + 1:]:
+                if not more.startswith("\t"):
+                    break
+                payload.append(more[1:])
+            found.append(json.loads("".join(payload)).get("time_saved_ns"))
+    return found
+
+
 def _kfd(root: Path, target: int) -> str:
     """A FAKE KFD topology with one GPU of gfx target ``target`` (stands for the GPU)."""
     (root / "0").mkdir(parents=True)
@@ -56,10 +74,20 @@ def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv:
     root = tmp_path / "mounted"
     env = {"ROCM_AUTOPATCH_CACHE": str(root), "ROCM_AUTOPATCH_KFD_TOPOLOGY":
            _kfd(tmp_path / "kfd942", 90402)}
-    first, _ = _run(torch_venv, tmp_path, "cold", **env)
-    second, err = _run(torch_venv, tmp_path, "warm", **env)
+    first, _ = _run(torch_venv, tmp_path, "cold", **env,
+                    ROCM_AUTOPATCH_REPORT=str(tmp_path / "cold.json"))
+    second, err = _run(torch_venv, tmp_path, "warm", **env, TORCH_TRACE=str(tmp_path / "trace"),
+                       ROCM_AUTOPATCH_REPORT=str(tmp_path / "warm.json"))
     assert first["ok"] and second["ok"]
     assert (first["hit"], first["miss"]) == (0, 1) and (second["hit"], second["miss"]) == (1, 0)
+    # The time saved, as the report says it, is what torch's structured trace says of its
+    # cache hit (time_saved_ns: the original compile's time).
+    cold = json.loads((tmp_path / "cold.json").read_text())["compile"]
+    warm = json.loads((tmp_path / "warm.json").read_text())["compile"]
+    traced = _traced_hits(tmp_path / "trace")
+    assert len(traced) == 1 and traced[0] > 0
+    assert warm["cache"]["seconds_saved"] == round(traced[0] / 1e9, 3)
+    assert cold["cache"]["seconds_saved"] == 0 and cold["seconds"] > warm["seconds"]
     (sub,) = root.iterdir()  # torch-<version>-triton-<version>-gfx942
     assert sub.name.startswith("torch-2.") and sub.name.endswith("-gfx942"), sub.name
     assert second["dir"] == str(sub / "inductor") and second["triton"] == str(sub / "triton")

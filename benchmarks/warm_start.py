@@ -1,0 +1,129 @@
+"""Compile once (issue 27): a cold compile against a warm start in a fresh process with a fresh
+/tmp (a new container, as far as torch can tell), with the caches under ROCM_AUTOPATCH_CACHE.
+
+    python benchmarks/warm_start.py [--models llama,runaway] [--json PATH]
+
+Models: transformers' Llama at TinyLlama's 1.1B configuration (22 layers, random weights,
+bf16, a 1 x 512 forward, torch.compile default mode); the runaway-autotuning model of
+benchmarks/compile_hang.py (32 distinct GEMM shapes, mode="max-autotune", the perf profile,
+which keeps the tuning). Arms, each model:
+- ``one``: a process compiles with an empty cache directory (cold), then a new process
+  with a new TMPDIR and the same directory (warm);
+- ``two``: two processes started together on an empty directory (they race to fill it),
+  then two more together on the filled one.
+Per process: the first call's seconds (the compile, synchronised), torch's cache counters,
+and the seconds the compile report says the caches saved. Target: warm >= 5x faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import child_cwd, child_env, save
+
+CHILD = r"""
+import json, sys, time, torch
+model_name = sys.argv[1]
+torch.manual_seed(0)
+if model_name == "llama":
+    import transformers as t
+    cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                        num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
+    with torch.device("cuda"):
+        model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    x = torch.randint(0, 32000, (1, 512), device="cuda")
+    f = torch.compile(model)
+    call = lambda: f(input_ids=x, use_cache=False).logits
+else:
+    shapes = 32
+    widths = [256 + 64 * ((i * 7) % (shapes + 1)) for i in range(shapes + 1)]
+    layers = []
+    for k, n in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(k, n, bias=False), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
+    x = torch.randn(64, widths[0], device="cuda", dtype=torch.bfloat16)
+    f = torch.compile(model, mode="max-autotune")
+    call = lambda: f(x)
+with torch.no_grad():
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+from torch._dynamo.utils import counters
+print(json.dumps({"first_call_s": round(first, 2),
+                  "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
+                  "aot_miss": counters["aot_autograd"]["autograd_cache_miss"]}))
+"""
+
+
+def start(model: str, cache: str, tag: str, work: str) -> tuple:
+    tmp = os.path.join(work, f"tmp-{tag}")
+    os.makedirs(tmp)
+    report = os.path.join(work, f"report-{tag}.json")
+    env = child_env(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_CACHE=cache, TMPDIR=tmp,
+                    ROCM_AUTOPATCH_REPORT=report,
+                    **({"ROCM_AUTOPATCH_PROFILE": "perf"} if model == "runaway" else {}))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, model], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=child_cwd())
+    return proc, report
+
+
+def finish(started: tuple) -> dict:
+    proc, report = started
+    out, err = proc.communicate(timeout=590)
+    try:
+        found = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": err[-1500:]}
+    try:
+        with open(report) as fh:
+            found["seconds_saved"] = json.load(fh)["compile"]["cache"].get("seconds_saved")
+    except (OSError, ValueError, KeyError):
+        found["seconds_saved"] = None
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="llama,runaway")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    import torch
+
+    work = tempfile.mkdtemp(prefix="rocm-autopatch-warm-")
+    results = []
+    for model in args.models.split(","):
+        one = os.path.join(work, f"{model}-one")
+        cold = finish(start(model, one, f"{model}-cold", work))
+        warm = finish(start(model, one, f"{model}-warm", work))
+        row = {"model": model, "arm": "one process", "cold": cold, "warm": warm}
+        if cold.get("first_call_s") and warm.get("first_call_s"):
+            row["speedup"] = round(cold["first_call_s"] / warm["first_call_s"], 2)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        two = os.path.join(work, f"{model}-two")
+        colds = [finish(p) for p in [start(model, two, f"{model}-cold{i}", work)
+                                     for i in (0, 1)]]
+        warms = [finish(p) for p in [start(model, two, f"{model}-warm{i}", work)
+                                     for i in (0, 1)]]
+        row = {"model": model, "arm": "two processes sharing", "cold": colds, "warm": warms}
+        if all(r.get("first_call_s") for r in colds + warms):
+            row["speedup"] = round(max(r["first_call_s"] for r in colds)
+                                   / max(r["first_call_s"] for r in warms), 2)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    save(args.json, {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                     "date": time.strftime("%Y-%m-%d")}, results)
+
+
+if __name__ == "__main__":
+    main()
