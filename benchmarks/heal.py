@@ -143,7 +143,9 @@ def main() -> None:
         results.append({"arm": "rocm-autopatch bisect", "seconds": round(took, 1),
                         "steps": found.get("steps"), "answer": found.get("answer"),
                         "remembered": bool(found.get("remembered")),
-                        "repro_bytes": size(repro), "error": found.get("error")})
+                        "repro_bytes": size(repro), "error": found.get("error"),
+                        "torch_bisector": found.get("torch_bisector"),
+                        "tried": [t.get("outcome") for t in found.get("tried", [])]})
         print(json.dumps(results[-1]), flush=True)
         healed = child(argv, buggy)
         results.append({"arm": "healed (remembered fix)", **healed})

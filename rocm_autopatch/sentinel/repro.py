@@ -59,6 +59,16 @@ if __name__ == "__main__":
     reader = InputReader(saved if os.path.isdir(saved) else None)
     load_args(reader)
     args = reader.args
+    stats = os.path.join(here, "inputs.json")
+    if not os.path.isdir(saved) and os.path.isfile(stats):
+        # Drawn again at the scale the program's inputs had (randn weights would overflow)
+        import json
+        with open(stats) as fh, torch.no_grad():
+            for x, s in zip(args, json.load(fh)):
+                if s and s["kind"] == "float":
+                    x.normal_(s["mean"], s["std"])
+                elif s and s["kind"] == "int":
+                    x.random_(s["low"], s["high"] + 1)
 
     def run(m, xs):
         with torch.no_grad():
@@ -164,6 +174,23 @@ def _move_in(work: str, where: str) -> None:
             raise  # not another rank's copy of the same graph: a real failure
 
 
+SAMPLE = 2**20  # elements read to estimate an unsaved input's scale
+
+
+def _scale(x: Any) -> Optional[Dict[str, Any]]:
+    """How an input not saved is drawn again: a float's mean and standard deviation, an
+    integer's range, from at most ``SAMPLE`` evenly strided elements (memory stays bounded)."""
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or not x.is_contiguous() \
+            or x.dtype == torch.bool or x.is_complex():
+        return None
+    flat = x.detach().view(-1)[::max(1, x.numel() // SAMPLE)]
+    if x.is_floating_point():
+        std, mean = torch.std_mean(flat.float()) if flat.numel() > 1 else (
+            torch.zeros(()), flat.float().mean())
+        return {"kind": "float", "mean": float(mean), "std": float(std.nan_to_num(0.0))}
+    return {"kind": "int", "low": int(flat.min()), "high": int(flat.max())}
+
+
 def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None:
     import inspect
 
@@ -180,8 +207,12 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
     note = ("" if save else
             f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
             f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
-            "and strides after torch.manual_seed(0), so a bug that depends on their "
-            "values may not reproduce.\n")
+            "and strides after torch.manual_seed(0), at each one's mean and standard "
+            "deviation (integers: within their range; inputs.json), so a bug that depends "
+            "on their exact values may not reproduce.\n")
+    if not save:
+        with open(os.path.join(where, "inputs.json"), "w") as fh:
+            json.dump([_scale(x) for x in inputs], fh)
     header = (f'"""Repro of graph {entry.get("graph")} of {entry.get("where")}, found '
               "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
               'it reproduces (needs torch only). env.json: the environment."""\n')
