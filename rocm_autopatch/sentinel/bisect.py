@@ -49,15 +49,21 @@ class Knob(NamedTuple):
     ref: str
 
 
+def _on_gpu(env: Dict[str, Any], text: str) -> bool:
+    """Whether the graph ran on a GPU: env.json's device, else the repro's inputs."""
+    if env.get("device"):
+        return env["device"] == "cuda"
+    return "type='cuda'" in text or "device='cuda" in text
+
+
 def _amd(env: Dict[str, Any], text: str) -> str:
     if not env.get("hip"):
         return "applies to AMD GPUs only (this graph was found on a build without HIP)"
-    return "" if "device='cuda" in text or 'device="cuda' in text else \
-        "the graph runs on the CPU (no Triton GPU kernel)"
+    return "" if _on_gpu(env, text) else "the graph runs on the CPU (no Triton GPU kernel)"
 
 
 def _gpu(env: Dict[str, Any], text: str) -> str:
-    if "device='cuda" not in text and 'device="cuda' not in text:
+    if not _on_gpu(env, text):
         return "the graph runs on the CPU (its C++ kernels index in 64 bits already)"
     try:
         from torch._inductor.codegen.simd import SIMDScheduling
@@ -98,6 +104,10 @@ if state:
     from torch._inductor import compiler_bisector as cb
     cb.CompilerBisector.in_process_cache = state
     cb.CompilerBisector.bisection_enabled = cb.get_is_bisection_enabled()
+name = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_NAME", "null"))
+if name:
+    from rocm_autopatch.sentinel import naming
+    naming.install(**name)
 change = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_CHANGE", "null"))
 if change:
     from rocm_autopatch.sentinel import fixes
@@ -130,7 +140,7 @@ class Runner:
         return time.monotonic() - self.start
 
     def good(self, what: str, change: Optional[Dict[str, Any]] = None,
-             bisector: str = "") -> bool:
+             bisector: str = "", name: Optional[Dict[str, Any]] = None) -> bool:
         """Whether the repro matches eager in this step (exit status 0)."""
         left = self.deadline - time.monotonic()
         if left <= 1:
@@ -142,6 +152,8 @@ class Runner:
                     "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1",
                     "ROCM_AUTOPATCH_BISECT_STATE": bisector})
         argv = [sys.executable, "-c", BOOT, self.repro]
+        if name:
+            env["ROCM_AUTOPATCH_BISECT_NAME"] = json.dumps(name)
         if change and change["kind"] == "config":
             argv.append(f"{change['key']}={change['value']!r}")
         elif change:
@@ -208,6 +220,15 @@ def _torch_bisect(runner: Runner) -> Dict[str, Any]:
         bounds = re.findall(r"Upper bound of (\d+) found", fh.read())
     if bounds and result.subsystem and result.bisect_number is not None:
         found["of"] = int(bounds[-1])
+    if result.subsystem and result.bisect_number is not None and not result.debug_info:
+        # torch keeps what the application was in the child's memory on some releases
+        # (torch 2.11): one more run names it.
+        where = os.path.join(runner.state, "named.txt")
+        runner.good(f"naming {result.subsystem} application {result.bisect_number}",
+                    name={"backend": result.backend, "subsystem": result.subsystem,
+                          "number": result.bisect_number, "out": where})
+        with contextlib.suppress(OSError), open(where) as fh:
+            found["target"] = fh.read() or None
     return found
 
 
