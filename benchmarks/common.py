@@ -11,6 +11,16 @@ from typing import Any, Dict, List, Optional
 
 OURS = ("TORCHINDUCTOR_", "ROCM_AUTOPATCH", "INDUCTOR_")
 
+# The runaway-autotuning model, as child code: ``shapes`` Linear layers of distinct widths,
+# so every Linear is a GEMM of its own shape (M=batch*seq, K, N); defines widths and model.
+RUNAWAY_MODEL = """
+widths = [256 + 64 * ((i * 7) % (shapes + 1)) for i in range(shapes + 1)]
+layers = []
+for k, n in zip(widths, widths[1:]):
+    layers += [torch.nn.Linear(k, n, bias=False), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
+"""
+
 
 def child_env(**arm: str) -> Dict[str, str]:
     """This environment without any variable that would change torch or us, plus ``arm``."""

@@ -25,19 +25,14 @@ import sys
 import tempfile
 import time
 
-from common import child_cwd, child_env, meta, save
+from common import RUNAWAY_MODEL, child_cwd, child_env, meta, save
 
 CHILD = r"""
 import json, sys, time, torch
 shapes = int(sys.argv[1])
 mode = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else None
 torch.manual_seed(0)
-# Distinct widths, so every Linear is a GEMM of its own shape (M=batch*seq, K, N).
-widths = [256 + 64 * ((i * 7) % (shapes + 1)) for i in range(shapes + 1)]
-layers = []
-for k, n in zip(widths, widths[1:]):
-    layers += [torch.nn.Linear(k, n, bias=False), torch.nn.ReLU()]
-model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
+""" + RUNAWAY_MODEL + r"""
 x = torch.randn(512, widths[0], device="cuda", dtype=torch.bfloat16)
 with torch.no_grad():
     ref = model(x)

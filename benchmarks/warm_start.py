@@ -23,9 +23,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
-from common import child_cwd, child_env, save
+from common import RUNAWAY_MODEL, child_cwd, child_env, save
 
 CHILD = r"""
 import json, sys, time, torch
@@ -42,11 +43,7 @@ if model_name == "llama":
     call = lambda: f(input_ids=x, use_cache=False).logits
 else:
     shapes = 32
-    widths = [256 + 64 * ((i * 7) % (shapes + 1)) for i in range(shapes + 1)]
-    layers = []
-    for k, n in zip(widths, widths[1:]):
-        layers += [torch.nn.Linear(k, n, bias=False), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
+""" + textwrap.indent(RUNAWAY_MODEL, "    ") + r"""
     x = torch.randn(64, widths[0], device="cuda", dtype=torch.bfloat16)
     f = torch.compile(model, mode="max-autotune")
     call = lambda: f(x)

@@ -215,7 +215,8 @@ def _human(data: Dict[str, Any]) -> str:
     for fix in remembered["fixes"]:
         out.append(f"  graph {fix.get('fingerprint')}: {fix['what']}"
                    + (f" [not applied: {fix['stale']}]" if fix["stale"] else ""))
-        out.append(f"      {fix.get('answer', '')}; at {fix.get('where') or '?'}")
+        out.append(f"      {fix.get('answer', '')}")
+        out.append(Verbatim(f"      at {fix.get('where') or '?'}"))
     if remembered["fixes"]:
         out.append("      (`rocm-autopatch forget GRAPH` or `--all` forgets)")
     else:

@@ -10,6 +10,7 @@ record (``report().warnings``).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Any, Hashable, Optional, Set
 
@@ -81,6 +82,22 @@ def setting(name: str, warn: bool = True) -> Any:
     if found.problem and warn:
         warn_once(("env", name), found.problem)
     return found.value
+
+
+def path_setting(name: str) -> Optional[str]:
+    """A path variable's value: None for ``off`` (and the other no-words), its absolute path
+    when set, "" when unset (the caller's default)."""
+    given = str(setting(name)).strip()
+    if given.lower() in settings.FALSE_WORDS:
+        return None
+    return os.path.abspath(os.path.expanduser(given)) if given else ""
+
+
+def user_cache(*parts: str) -> str:
+    """A path under the user's cache directory: ``$XDG_CACHE_HOME/rocm-autopatch`` (else
+    ``~/.cache/rocm-autopatch``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "rocm-autopatch", *parts)
 
 
 def rank() -> Optional[int]:

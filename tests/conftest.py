@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -33,9 +34,17 @@ SCRUB = ("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "PYTHONPATH", "TORCH_C
          "RANK", "LOCAL_RANK", "PYTHONSTARTUP")
 
 
+# The user's cache directory of every test process: repros and remembered fixes written by
+# one test must not heal another test's graph, nor stay in the real ~/.cache.
+CACHE_HOME = tempfile.mkdtemp(prefix="rocm-autopatch-tests-cache-")
+
+
 def clean_env(**extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB)}
     env["PYTHONUNBUFFERED"] = "1"
+    env["XDG_CACHE_HOME"] = CACHE_HOME
+    # A test that falls back does not start a bisection at exit unless it asks for one.
+    env["ROCM_AUTOPATCH_VERIFY_BISECT"] = "0"
     env.update(extra)
     return env
 

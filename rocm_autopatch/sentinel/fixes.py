@@ -36,13 +36,8 @@ STORE_VERSION = 1
 
 def path() -> Optional[str]:
     """The store's file; None when ``ROCM_AUTOPATCH_FIXES=off``."""
-    given = log.setting(settings.FIXES).strip()
-    if given.lower() in settings.FALSE_WORDS:
-        return None
-    if given:
-        return os.path.abspath(os.path.expanduser(given))
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "rocm-autopatch", "fixes.json")
+    given = log.path_setting(settings.FIXES)
+    return log.user_cache("fixes.json") if given == "" else given
 
 
 def here() -> Dict[str, Any]:

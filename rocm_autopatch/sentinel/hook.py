@@ -107,6 +107,7 @@ class Graph:
                                       "calls_checked": 0, "reason": "", "mismatch": None,
                                       "backward": "not checked yet", "seconds": 0.0,
                                       "unverified_calls": 0, "skipped_reason": "",
+                                      "repro": "", "healed": "", "bisect": None,
                                       **self.schedule.coverage()}
         with record.LOCK:
             found = section()

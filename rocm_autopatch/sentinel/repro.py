@@ -103,16 +103,13 @@ if __name__ == "__main__":
 
 def root() -> Optional[str]:
     """Where repro directories go; None when ``ROCM_AUTOPATCH_VERIFY_DIR=off``."""
-    given = log.setting(settings.VERIFY_DIR).strip()
-    if given.lower() in settings.FALSE_WORDS:
-        return None
-    if given:
-        return os.path.abspath(os.path.expanduser(given))
+    given = log.path_setting(settings.VERIFY_DIR)
+    if given != "":
+        return given
     report = os.environ.get(settings.REPORT, "").strip()
     if report:
         return os.path.join(os.path.dirname(os.path.abspath(report)), "rocm-autopatch-repros")
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "rocm-autopatch", "repros")
+    return log.user_cache("repros")
 
 
 def fingerprint(gm: Any) -> str:
