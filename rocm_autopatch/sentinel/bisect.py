@@ -375,7 +375,7 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
     if result["change"] is None:
         tried = any(not t["outcome"].startswith("not tried") for t in result["tried"])
         if isinstance(result["torch_bisector"], str):
-            answer = f"not found: torch's bisector {result['torch_bisector'][5:]}" + (
+            answer = f"torch's bisector {result['torch_bisector']}" + (
                 "; no knob tried made it match" if tried else "; no knob applies here")
         else:
             answer = _answer(found) + ("; no knob tried made it match" if tried else "")
