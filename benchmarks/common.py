@@ -47,10 +47,15 @@ def run_arm(code: str, argv: List[str], arm: Dict[str, str], timeout: int) -> Di
         env = {**os.environ, "ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_CACHE_DIR": cache, **arm}
         proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
                               text=True, env=env, timeout=timeout, cwd=child_cwd())
+    return last_json(proc.stdout, proc.stderr)
+
+
+def last_json(stdout: str, stderr: str) -> Dict[str, Any]:
+    """A child's result: its last stdout line as JSON, or {"error": its stderr's end}."""
     try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": proc.stderr[-1500:]}
+        return {"error": stderr[-1500:]}
 
 
 def meta(torch: Any, **extra: Any) -> Dict[str, Any]:

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from common import child_cwd, child_env, save
+from common import child_cwd, child_env, last_json, meta, save
 
 CALLS = 30
 SITECUSTOMIZE = """
@@ -94,10 +94,7 @@ print(json.dumps({"ms": round(ms, 3), "eager_ms": eager_ms and round(eager_ms, 3
 def child(argv, env, timeout=900):
     proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True,
                           env=env, timeout=timeout, cwd=child_cwd())
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": proc.stderr[-2000:]}
+    return last_json(proc.stdout, proc.stderr)
 
 
 def size(folder):
@@ -166,9 +163,9 @@ def main() -> None:
         # The share of the compile speed-up the healed graph keeps.
         summary["speedup_kept"] = round((eager - summary["healed_ms"]) / (eager - base), 3)
     results.append({"arm": "summary", **summary})
-    save(args.json, {"device": torch.cuda.get_device_name(0) if args.device == "cuda" else
-                     "cpu", "torch": torch.__version__, "layers": args.layers,
-                     "date": time.strftime("%Y-%m-%d")}, results)
+    save(args.json, meta(torch, layers=args.layers) if args.device == "cuda" else
+         {"device": "cpu", "torch": torch.__version__, "layers": args.layers,
+          "date": time.strftime("%Y-%m-%d")}, results)
     print(json.dumps(summary))
 
 

@@ -24,9 +24,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
-from common import RUNAWAY_MODEL, child_cwd, child_env, save
+from common import RUNAWAY_MODEL, child_cwd, child_env, last_json, meta, save
 
 CHILD = r"""
 import json, sys, time, torch
@@ -76,11 +75,9 @@ def start(model: str, cache: str, tag: str, work: str) -> tuple:
 
 def finish(started: tuple) -> dict:
     proc, report = started
-    out, err = proc.communicate(timeout=590)
-    try:
-        found = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": err[-1500:]}
+    found = last_json(*proc.communicate(timeout=590))
+    if "error" in found:
+        return found
     try:
         with open(report) as fh:
             found["seconds_saved"] = json.load(fh)["compile"]["cache"].get("seconds_saved")
@@ -118,8 +115,7 @@ def main() -> None:
                                    / max(r["first_call_s"] for r in warms), 2)
         results.append(row)
         print(json.dumps(row), flush=True)
-    save(args.json, {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                     "date": time.strftime("%Y-%m-%d")}, results)
+    save(args.json, meta(torch), results)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import compile_frame, frames, log, patching, record, report_schema, settings
+from rocm_autopatch import (
+    compile_frame,
+    files,
+    frames,
+    log,
+    patching,
+    record,
+    report_schema,
+    settings,
+)
 
 ENV = settings.REPORT
 SCHEMA = report_schema.SCHEMA
@@ -211,12 +220,11 @@ class Collector:
         the time its original compile took (CompilationMetrics.distributed_ephemeral_timeout_us,
         which torch/_inductor/codecache.py adds up from each FX-graph cache hit's
         _time_taken_ns, torch >= 2.6); None where this torch does not record it."""
-        found = [getattr(m, "distributed_ephemeral_timeout_us", None)
-                 for m in self.metrics_kept[self.metrics_before:]]
         if not hasattr(getattr(_torch_utils(), "CompilationMetrics", None),
                        "distributed_ephemeral_timeout_us"):
             return None
-        return round(sum(v for v in found if v) / 1e6, 3)
+        return round(sum(getattr(m, "distributed_ephemeral_timeout_us", None) or 0
+                         for m in self.metrics_kept[self.metrics_before:]) / 1e6, 3)
 
     def listen(self) -> None:
         """Attach to torch's graph-break loggers that exist now (idempotent)."""
@@ -437,18 +445,18 @@ class Collector:
         srun or a shell started with one path): then beside it, ``.<pid>``, and one
         warning names both writers. Serialised per directory (``flock``), so that two
         writers never both decide the path is free. The path where it went."""
-        with _directory_lock(os.path.dirname(path) or "."):
+        with files.directory_lock(os.path.dirname(path) or "."):
             other = _writer_during(path, _process_start() or self.started)
             if other is not None:
                 mine = _beside(path, str(os.getpid()))
-                write_atomically(mine, text)
+                files.write_atomically(mine, text)
                 log.warn_once(("compile_report", "shared"),
                               f"{ENV}: {path} was written by {other} while this process "
                               f"(pid {os.getpid()}, {' '.join(sys.argv)[:80]}) ran: both "
                               f"are kept, this one as {mine}. Put {{rank}} or {{pid}} in "
                               f"{ENV} to give each process its own file.")
                 return mine
-            write_atomically(path, text)
+            files.write_atomically(path, text)
             return path
 
     def document(self) -> Dict[str, Any]:
@@ -546,61 +554,6 @@ def _writer_during(path: str, since: float) -> Optional[str]:
         return f"pid {process.get('pid', '?')} ({argv})"
     except (OSError, ValueError, AttributeError, TypeError):
         return None
-
-
-class _directory_lock:
-    """An exclusive ``flock`` on a directory for the time of one report write; nothing
-    where it cannot be had (no fcntl, a file system without locks)."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> None:
-        try:
-            import fcntl
-
-            os.makedirs(self.directory, exist_ok=True)
-            self.fd = os.open(self.directory, os.O_RDONLY)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except Exception:  # noqa: BLE001 - a lock we cannot have: write unserialised
-            self.__exit__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing releases the lock
-            self.fd = None
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a
-    rename, but only where ``path`` is a regular file or does not exist: a device, a FIFO, a
-    directory or a symlink is never replaced. The temporary file never outlives a failure."""
-    try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        found = None
-    if found is not None and not stat.S_ISREG(found.st_mode):
-        kind = ("a symlink" if stat.S_ISLNK(found.st_mode) else "a directory"
-                if stat.S_ISDIR(found.st_mode) else "a FIFO" if stat.S_ISFIFO(found.st_mode)
-                else "a device" if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode)
-                else "not a regular file")
-        raise OSError(f"it is {kind}; only a regular file or a new path is written")
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    # Short: a legal 250-character name must not make the temporary name too long.
-    temporary = os.path.join(directory, f".rap-{os.getpid()}-{threading.get_ident() % 10**6}"
-                                        ".tmp")
-    try:
-        with open(temporary, "w") as fh:
-            fh.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
 
 
 def _failure(error: BaseException) -> str:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+from rocm_autopatch import files
 from rocm_autopatch.sentinel import fixes
 
 STEP_SECONDS = 600.0  # one run of the repro (a compile in a fresh interpreter)
@@ -411,10 +412,8 @@ def _remember(folder: str, env: Dict[str, Any], result: Dict[str, Any]) -> str:
 
 def _write(folder: str, result: Dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
-        tmp = os.path.join(folder, f".{RESULT}.{os.getpid()}")
-        with open(tmp, "w") as fh:
-            json.dump(result, fh, indent=1, default=str)
-        os.replace(tmp, os.path.join(folder, RESULT))
+        files.write_atomically(os.path.join(folder, RESULT),
+                               json.dumps(result, indent=1, default=str))
 
 
 def read(folder: str) -> Optional[Dict[str, Any]]:

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
 import os
 import re
-import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from rocm_autopatch import log, probe, settings
+from rocm_autopatch import files, log, probe, settings
 
 STORE_VERSION = 1
 
@@ -67,29 +65,10 @@ def load(where: Optional[str] = None) -> List[Dict[str, Any]]:
         return []
 
 
-@contextlib.contextmanager
-def _locked(where: str) -> Iterator[None]:
-    """Ranks and processes of one machine update the store one at a time."""
-    os.makedirs(os.path.dirname(where), exist_ok=True)
-    with open(where + ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _write(where: str, fixes: List[Dict[str, Any]]) -> None:
     """Replace the store at once: a reader sees the old file or the new, never a part."""
-    handle, tmp = tempfile.mkstemp(dir=os.path.dirname(where), prefix=".fixes.")
-    try:
-        with os.fdopen(handle, "w") as fh:
-            json.dump({"version": STORE_VERSION, "fixes": fixes}, fh, indent=1)
-        os.replace(tmp, where)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    files.write_atomically(where, json.dumps({"version": STORE_VERSION, "fixes": fixes},
+                                             indent=1))
 
 
 def remember(fix: Dict[str, Any], where: Optional[str] = None) -> str:
@@ -98,7 +77,7 @@ def remember(fix: Dict[str, Any], where: Optional[str] = None) -> str:
     if not where:
         return ""
     fix = {**fix, "found": datetime.datetime.now().isoformat(timespec="seconds")}
-    with _locked(where):
+    with files.directory_lock(os.path.dirname(where)):  # ranks update it one at a time
         kept = [f for f in load(where) if not _same(f, fix)]
         _write(where, kept + [fix])
     _LOOKUP.clear()
@@ -110,7 +89,7 @@ def forget(fingerprint: Optional[str] = None, where: Optional[str] = None) -> in
     where = where or path()
     if not where or not os.path.exists(where):
         return 0
-    with _locked(where):
+    with files.directory_lock(os.path.dirname(where)):
         fixes = load(where)
         kept = [f for f in fixes if fingerprint is not None
                 and not str(f.get("fingerprint", "")).startswith(fingerprint)]

@@ -724,10 +724,11 @@ def say_verdict() -> None:
     try:
         if sum(section()["totals"].values()):
             log.notice(verdict())
-        if section()["mode"] == "fallback" and bisect_limit():
-            for entry in list(section()["graphs"]):
+        info, limit = section(), bisect_limit()
+        if info["mode"] == "fallback" and limit:
+            for entry in list(info["graphs"]):
                 if entry["status"] == FELL_BACK and entry.get("repro"):
-                    entry["bisect"] = background.start(entry["repro"], bisect_limit())
+                    entry["bisect"] = background.start(entry["repro"], limit)
     except Exception:  # noqa: BLE001 - never at exit
         pass
 

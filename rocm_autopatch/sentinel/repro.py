@@ -40,13 +40,12 @@ RUNNER = r'''
 
 # ---- rocm-autopatch: compiled, eager and float64 on these inputs; exit 1 if it reproduces
 if __name__ == "__main__":
-    import math, os, sys
+    import ast, json, math, os, sys
     from torch._dynamo.debug_utils import InputReader
     from torch._dynamo.utils import same
     from torch.utils._pytree import tree_flatten
 
     for item in sys.argv[1:]:  # Inductor settings to try: python repro.py max_autotune=False
-        import ast
         key, _, value = item.partition("=")
         *parents, last = key.split(".")
         owner = torch._inductor.config
@@ -62,7 +61,6 @@ if __name__ == "__main__":
     stats = os.path.join(here, "inputs.json")
     if not os.path.isdir(saved) and os.path.isfile(stats):
         # Drawn again at the scale the program's inputs had (randn weights would overflow)
-        import json
         with open(stats) as fh, torch.no_grad():
             for x, s in zip(args, json.load(fh)):
                 if s and s["kind"] == "float":
@@ -136,11 +134,12 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
         base = root()
         if base is None:
             return ""
-        where = os.path.join(base, fingerprint(gm))
+        name = fingerprint(gm)
+        where = os.path.join(base, name)
         # Written aside, then moved in whole: ranks that found the same graph wrong write the
         # same directory, and none may read another's half-written one.
         os.makedirs(base, exist_ok=True)
-        work = tempfile.mkdtemp(prefix=f".{fingerprint(gm)}.", dir=base)
+        work = tempfile.mkdtemp(prefix=f".{name}.", dir=base)
         try:
             _fill(work, gm, inputs, entry)
             _move_in(work, where)

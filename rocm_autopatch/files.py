@@ -1,0 +1,67 @@
+"""Files that several processes share: a write a reader sees whole or not at all
+(``write_atomically``), and a lock on a directory for the time of a read-and-write
+(``directory_lock``). The compile report and the sentinel's remembered fixes and bisection
+results are written through them."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from typing import Any, Optional
+
+
+class directory_lock:
+    """An exclusive ``flock`` on a directory for the time of one read-and-write (a compile
+    report's, the fixes store's); nothing where it cannot be had (no fcntl, a file system
+    without locks)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.fd: Optional[int] = None
+
+    def __enter__(self) -> None:
+        try:
+            import fcntl
+
+            os.makedirs(self.directory, exist_ok=True)
+            self.fd = os.open(self.directory, os.O_RDONLY)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except Exception:  # noqa: BLE001 - a lock we cannot have: write unserialised
+            self.__exit__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a
+    rename, but only where ``path`` is a regular file or does not exist: a device, a FIFO, a
+    directory or a symlink is never replaced. The temporary file never outlives a failure."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        kind = ("a symlink" if stat.S_ISLNK(found.st_mode) else "a directory"
+                if stat.S_ISDIR(found.st_mode) else "a FIFO" if stat.S_ISFIFO(found.st_mode)
+                else "a device" if stat.S_ISCHR(found.st_mode) or stat.S_ISBLK(found.st_mode)
+                else "not a regular file")
+        raise OSError(f"it is {kind}; only a regular file or a new path is written")
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    # Short: a legal 250-character name must not make the temporary name too long.
+    temporary = os.path.join(directory, f".rap-{os.getpid()}-{threading.get_ident() % 10**6}"
+                                        ".tmp")
+    try:
+        with open(temporary, "w") as fh:
+            fh.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
