@@ -1,7 +1,8 @@
 """Compile once (issue 27): a cold compile against a warm start in a fresh process with a fresh
 /tmp (a new container, as far as torch can tell), with the caches under ROCM_AUTOPATCH_CACHE.
 
-    python benchmarks/warm_start.py [--models llama,runaway] [--json PATH]
+    python benchmarks/warm_start.py [--models llama,runaway] [--arms one,two,mega]
+                                    [--env KEY=VALUE ...] [--json PATH]
 
 Models: transformers' Llama at TinyLlama's 1.1B configuration (22 layers, random weights,
 bf16, a 1 x 512 forward, torch.compile default mode); the runaway-autotuning model of
@@ -10,7 +11,11 @@ which keeps the tuning). Arms, each model:
 - ``one``: a process compiles with an empty cache directory (cold), then a new process
   with a new TMPDIR and the same directory (warm);
 - ``two``: two processes started together on an empty directory (they race to fill it),
-  then two more together on the filled one.
+  then two more together on the filled one;
+- ``mega``: torch's Mega-Cache instead of the directory (``torch.compiler.
+  save_cache_artifacts`` after the cold compile, ``load_cache_artifacts`` before the warm
+  one, each process with a new TMPDIR and no ROCM_AUTOPATCH_CACHE), where torch has it.
+``--env`` adds a variable to every child (``--env INDUCTOR_FREEZING=0``).
 Per process: the first call's seconds (the compile, synchronised), torch's cache counters,
 and the seconds the compile report says the caches saved. Target: warm >= 5x faster.
 """
@@ -29,7 +34,12 @@ from common import RUNAWAY_MODEL, child_cwd, child_env, last_json, meta, save
 
 CHILD = r"""
 import json, sys, time, torch
-model_name = sys.argv[1]
+model_name, mega = sys.argv[1], sys.argv[2]
+if mega.startswith("load:"):
+    with open(mega[5:], "rb") as fh:
+        blob = fh.read()
+    if blob:
+        torch.compiler.load_cache_artifacts(blob)
 torch.manual_seed(0)
 if model_name == "llama":
     import transformers as t
@@ -52,23 +62,32 @@ with torch.no_grad():
     call()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
+if mega.startswith("save:"):
+    saved = torch.compiler.save_cache_artifacts()  # None: nothing to save
+    with open(mega[5:], "wb") as fh:
+        fh.write(saved[0] if saved else b"")
 from torch._dynamo.utils import counters
 print(json.dumps({"first_call_s": round(first, 2),
                   "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
-                  "aot_miss": counters["aot_autograd"]["autograd_cache_miss"]}))
+                  "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
+                  "aot_bypass": counters["aot_autograd"]["autograd_cache_bypass"]}))
 """
 
 
-def start(model: str, cache: str, tag: str, work: str) -> tuple:
+EXTRA: dict = {}  # --env
+
+
+def start(model: str, cache: str, tag: str, work: str, mega: str = "-") -> tuple:
     tmp = os.path.join(work, f"tmp-{tag}")
     os.makedirs(tmp)
     report = os.path.join(work, f"report-{tag}.json")
-    env = child_env(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_CACHE=cache, TMPDIR=tmp,
-                    ROCM_AUTOPATCH_REPORT=report,
-                    **({"ROCM_AUTOPATCH_PROFILE": "perf"} if model == "runaway" else {}))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, model], stdout=subprocess.PIPE,
+    env = child_env(ROCM_AUTOPATCH="force", TMPDIR=tmp, ROCM_AUTOPATCH_REPORT=report,
+                    **({"ROCM_AUTOPATCH_CACHE": cache} if cache else {}),
+                    **({"ROCM_AUTOPATCH_PROFILE": "perf"} if model == "runaway" else {}),
+                    **EXTRA)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, model, mega], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=child_cwd())
     return proc, report
 
@@ -89,27 +108,41 @@ def finish(started: tuple) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="llama,runaway")
+    parser.add_argument("--arms", default="one,two")
+    parser.add_argument("--env", action="append", default=[])
     parser.add_argument("--json")
     args = parser.parse_args()
     import torch
 
+    EXTRA.update(item.split("=", 1) for item in args.env)
+    arms = args.arms.split(",")
     work = tempfile.mkdtemp(prefix="rocm-autopatch-warm-")
     results = []
     for model in args.models.split(","):
-        one = os.path.join(work, f"{model}-one")
-        cold = finish(start(model, one, f"{model}-cold", work))
-        warm = finish(start(model, one, f"{model}-warm", work))
-        row = {"model": model, "arm": "one process", "cold": cold, "warm": warm}
-        if cold.get("first_call_s") and warm.get("first_call_s"):
-            row["speedup"] = round(cold["first_call_s"] / warm["first_call_s"], 2)
-        results.append(row)
-        print(json.dumps(row), flush=True)
+        for arm in [a for a in ("one", "mega") if a in arms]:
+            if arm == "mega" and not hasattr(torch.compiler, "save_cache_artifacts"):
+                continue
+            one = "" if arm == "mega" else os.path.join(work, f"{model}-{arm}")
+            blob = os.path.join(work, f"{model}-mega.bin")
+            cold = finish(start(model, one, f"{model}-{arm}-cold", work,
+                                f"save:{blob}" if arm == "mega" else "-"))
+            warm = finish(start(model, one, f"{model}-{arm}-warm", work,
+                                f"load:{blob}" if arm == "mega" else "-"))
+            row = {"model": model, "arm": "one process" if arm == "one" else "Mega-Cache",
+                   "env": EXTRA, "cold": cold, "warm": warm}
+            if cold.get("first_call_s") and warm.get("first_call_s"):
+                row["speedup"] = round(cold["first_call_s"] / warm["first_call_s"], 2)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+        if "two" not in arms:
+            continue
         two = os.path.join(work, f"{model}-two")
         colds = [finish(p) for p in [start(model, two, f"{model}-cold{i}", work)
                                      for i in (0, 1)]]
         warms = [finish(p) for p in [start(model, two, f"{model}-warm{i}", work)
                                      for i in (0, 1)]]
-        row = {"model": model, "arm": "two processes sharing", "cold": colds, "warm": warms}
+        row = {"model": model, "arm": "two processes sharing", "env": EXTRA, "cold": colds,
+               "warm": warms}
         if all(r.get("first_call_s") for r in colds + warms):
             row["speedup"] = round(max(r["first_call_s"] for r in colds)
                                    / max(r["first_call_s"] for r in warms), 2)

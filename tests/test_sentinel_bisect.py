@@ -26,6 +26,13 @@ SITECUSTOMIZE = '''
 import torch
 from torch._inductor import decomposition as d
 d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) * 1.5
+# The first check of a fix dies before its verdict (a step that crashed, as a machine under
+# pressure can make one): it is no evidence against the fix, and is run again.
+import os
+marker = os.environ.get("CRASH_FIX_CHECK_ONCE")
+if marker and "ROCM_AUTOPATCH_BISECT_CHANGE" in os.environ and not os.path.exists(marker):
+    open(marker, "w").close()
+    os._exit(3)
 '''
 
 JOB = r'''
@@ -79,7 +86,8 @@ def buggy_torch(tmp_path: Path) -> Path:
 def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
         torch_venv: Venv, tmp_path: Path, buggy_torch: Path) -> None:
     env = _env(tmp_path, PYTHONPATH=str(buggy_torch), ROCM_AUTOPATCH_VERIFY_BISECT="600",
-               ROCM_AUTOPATCH_REPORT=str(tmp_path / "report.json"))
+               ROCM_AUTOPATCH_REPORT=str(tmp_path / "report.json"),
+               CRASH_FIX_CHECK_ONCE=str(tmp_path / "crashed"))
     first = _job(torch_venv, env)
     (graph,) = first["graphs"]
     assert first["ok"] and graph["status"] == "fell back", first
@@ -93,7 +101,8 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     while not (folder / "bisect.json").exists() and time.monotonic() < deadline:
         time.sleep(2)
     result = json.loads((folder / "bisect.json").read_text())
-    assert result["status"] == "found", (folder / "bisect-run.log").read_text()[-3000:]
+    assert result["status"] == "found", ((folder / "bisect-run.log").read_text()[-2000:]
+                                         + (folder / "bisect.log").read_text()[-2000:])
     assert result["answer"].startswith("the decomposition of aten.silu.default (application ")
     assert result["change"] == {"kind": "skip", "backend": "aot_eager_decomp_partition",
                                 "subsystem": "decomposition",
@@ -102,6 +111,7 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 4
     progress = (folder / "bisect-run.log").read_text()
     assert "rocm-autopatch bisect: step 1 " in progress and "applications" in progress
+    assert (tmp_path / "crashed").exists() and "(again: the last run gave no verdict)" in progress
     store = json.loads((tmp_path / "fixes.json").read_text())
     (fix,) = store["fixes"]
     assert fix["fingerprint"] == folder.name and fix["change"] == result["change"]

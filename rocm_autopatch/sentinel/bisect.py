@@ -120,6 +120,9 @@ runpy.run_path(path, run_name="__main__")
 """
 
 
+VERDICTS = ("REPRODUCED", "not reproduced")  # how repro.py's runner ends (repro.RUNNER)
+
+
 class OutOfTime(Exception):
     pass
 
@@ -135,6 +138,8 @@ class Runner:
         self.say = say
         self.log = log_file
         self.steps = 0
+        self.last = ""  # the last step's last line of output, and how it ended
+        self.verdict = False  # whether that step ended with repro.py's verdict
         self.state = tempfile.mkdtemp(prefix="rocm-autopatch-bisect-")
 
     def elapsed(self) -> float:
@@ -162,17 +167,28 @@ class Runner:
         self.log.write(f"\n---- step {self.steps}: {what}\n")
         self.log.flush()
         try:
-            proc = subprocess.run(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                  cwd=os.path.dirname(self.repro),
+            proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, cwd=os.path.dirname(self.repro),
                                   timeout=min(left, STEP_SECONDS))
-        except subprocess.TimeoutExpired:
-            self.log.write("(step timed out)\n")
+        except subprocess.TimeoutExpired as timed_out:
+            self._output(timed_out.output, "the step timed out")
             if time.monotonic() >= self.deadline - 1:
                 raise OutOfTime() from None
             return False
-        self.log.write(f"(exit status {proc.returncode})\n")
-        self.log.flush()
+        self._output(proc.stdout, f"exit status {proc.returncode}")
         return proc.returncode == 0
+
+    def _output(self, output: Optional[bytes], status: str) -> None:
+        """The child's output goes to the log; its last line is kept for the answer."""
+        text = (output or b"").decode(errors="replace")
+        self.log.write(f"{text}({status})\n")
+        self.log.flush()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        # repro.py's runner ends with its verdict; without one, the step failed to run
+        said = [line for line in lines if line.startswith(VERDICTS)]
+        self.verdict = bool(said)
+        last = (said or lines or ["no output"])[-1]
+        self.last = f"{last[:300]} ({status})"
 
     def close(self) -> None:
         shutil.rmtree(self.state, ignore_errors=True)
@@ -352,10 +368,16 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
         if change is not None:
             # What is remembered is checked first: the change alone, as the next run applies
             # it (torch's bisector names the first wrong application; the fix covers them all).
-            if runner.good(f"the fix alone: {fixes.describe(change)}", change=change):
+            what = f"the fix alone: {fixes.describe(change)}"
+            matched = runner.good(what, change=change)
+            if not matched and not runner.verdict:  # it crashed or timed out: not evidence
+                matched = runner.good(what + " (again: the last run gave no verdict)",
+                                      change=change)
+            if matched:
                 result.update(status="found", answer=_answer(found), change=change)
             else:
-                result["fix_checked"] = f"{fixes.describe(change)} alone does not make it match"
+                result["fix_checked"] = (f"{fixes.describe(change)} alone does not make it "
+                                         f"match: {runner.last}")
     for knob in KNOBS:
         why_not = knob.applies(env, text)
         if not why_not and found.get("stage") not in ("inductor",):
@@ -379,7 +401,9 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
             answer = f"torch's bisector {result['torch_bisector']}" + (
                 "; no knob tried made it match" if tried else "; no knob applies here")
         else:
-            answer = _answer(found) + ("; no knob tried made it match" if tried else "")
+            answer = _answer(found) + (f"; but {result['fix_checked']}"
+                                       if result.get("fix_checked") else "") + (
+                "; no knob tried made it match" if tried else "")
         result.update(status="not found", answer=answer)
 
 
