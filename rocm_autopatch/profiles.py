@@ -81,6 +81,17 @@ SAFE: Tuple[Setting, ...] = (
         env=("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING",),
     ),
     Setting(
+        "inductor.distributed_max_autotune_gemm", False,
+        "shares GEMM autotuning between ranks through a collective inside every compile "
+        "(all_gather_object, torch/_inductor/distributed_autotune.py _sync): a rank whose "
+        "compile cache hits skips it, and the ranks that compile wait on it for good "
+        "(measured: 2 gloo ranks, one cache warm, hung until killed; the same cache-hit "
+        "divergence hangs FlashInfer's shared autotuning, vllm#57423)",
+        ref="pytorch#163369 (distributed autotuning); torch/_inductor/distributed_autotune.py "
+            "(torch 2.13); vllm#57423",
+        env=("TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM",),
+    ),
+    Setting(
         "inductor.triton.cudagraphs", False,
         "Inductor CUDA graphs on HIP: capture of work that hipGraph records silently, and "
         "reported silent training degradation",

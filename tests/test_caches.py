@@ -2,15 +2,18 @@
 (a new container, as far as torch can tell) hits the caches kept under
 ROCM_AUTOPATCH_CACHE, two ranks share them, another GPU or torch gets a directory of its
 own, torch's own variable wins, a directory that cannot be written costs nothing, a
-truncated entry is recompiled, and TORCHINDUCTOR_FORCE_DISABLE_CACHES is flagged. Hits
+truncated entry is recompiled, TORCHINDUCTOR_FORCE_DISABLE_CACHES is flagged, and torch's
+autotuning shared between ranks, which hangs a job whose ranks' caches differ, is off. Hits
 and misses are torch's own counters (``counters["inductor"]["fxgraph_cache_*"]``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 from conftest import Venv, clean_env, rank_lines
 
@@ -194,3 +197,61 @@ def test_two_ranks_share_one_directory(torch_venv: Venv, tmp_path: Path) -> None
     assert sum(r["hit"] + r["miss"] for r in first) == 2  # each rank looked once
     second = job("warm")
     assert [(r["ok"], r["hit"], r["miss"]) for r in second] == [(True, 1, 0), (True, 1, 0)]
+
+
+AUTOTUNE_RANKS = r'''
+import json, os, sys
+# Each rank's own cache directory, chosen before torch is imported: rank 1's may be new (a
+# node whose cache was lost) while rank 0's is warm.
+rank = int(os.environ["RANK"])
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1 + rank]
+import torch, torch.distributed as dist
+from torch._dynamo.utils import counters
+import torch._inductor.config as config
+dist.init_process_group("gloo")
+f = torch.compile(lambda x: torch.relu(x @ x.T) + 1)
+x = torch.randn(16, 16)
+ok = bool(torch.allclose(f(x), torch.relu(x @ x.T) + 1, atol=1e-5))
+print(json.dumps({"rank": rank, "ok": ok, "shared": config.distributed_max_autotune_gemm,
+                  "hit": counters["inductor"]["fxgraph_cache_hit"]}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+def test_autotuning_shared_between_ranks_is_off_so_no_rank_waits_on_anothers_cache_hit(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """torch's distributed GEMM autotuning (TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1)
+    runs a collective in every compile: where one rank's cache hits and another's misses,
+    the one that compiles waits for good. Without rocm-autopatch that hang is real (the
+    counterfactual below); with it the setting is off, said once, and both ranks finish."""
+    script = tmp_path / "ranks.py"
+    script.write_text(AUTOTUNE_RANKS)
+
+    def job(mode: str, rank0: str, rank1: str, timeout: int = 240) -> Optional[list]:
+        proc = subprocess.Popen(
+            [str(torch_venv.path / "bin" / "torchrun"), "--standalone", "--nproc-per-node",
+             "2", str(script), str(tmp_path / rank0), str(tmp_path / rank1)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+            start_new_session=True, env=clean_env(
+                ROCM_AUTOPATCH=mode, TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM="1"))
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+            proc.communicate()
+            return None
+        assert proc.returncode == 0, err[-3000:]
+        assert (err.count("TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1 is set") == 2) == (
+            mode == "force"), err[-3000:]  # once per rank
+        return rank_lines(out)
+
+    # rocm-autopatch: both ranks warm one directory, then rank 1 starts with a new one.
+    assert [r["ok"] for r in job("force", "ours", "ours")] == [True, True]
+    ranks = job("force", "ours", "ours-lost")
+    assert ranks is not None, "a rank waited on another's cache hit"
+    assert [(r["ok"], r["shared"], r["hit"]) for r in ranks] == [(True, False, 1),
+                                                                  (True, False, 0)]
+    # Without it: the same two runs, and the second hangs (rank 1 waits for rank 0, whose
+    # cache hit skipped the collective).
+    assert [r["shared"] for r in job("0", "torchs", "torchs")] == [True, True]
+    assert job("0", "torchs", "torchs-lost", timeout=45) is None
