@@ -66,6 +66,10 @@ VERIFY_GRAPH: Dict[str, str] = {
     "checks_skipped": NUMBER,  # checks due that could not run (memory...)
     "skipped_reason": TEXT,  # the last one's reason
     "unverified_calls": NUMBER,  # at a failure: calls since the last check that passed
+    "found_at_call": NUMBER,  # at a failure: the call whose check found it
+    "found_because": TEXT,  # why that call was checked: first, shape, values, sampled
+    "found_period": NUMBER,  # (sampled) the period in force then
+    "found_stride": NUMBER,  # (values) the stride of the magnitude read that found it
     "backward": TEXT,
     "mismatch": OBJECT,
     "seconds": NUMBER,  # spent checking

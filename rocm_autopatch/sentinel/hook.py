@@ -108,6 +108,8 @@ class Graph:
                                       "backward": "not checked yet", "seconds": 0.0,
                                       "unverified_calls": 0, "skipped_reason": "",
                                       "repro": "", "healed": "", "bisect": None,
+                                      "found_at_call": None, "found_because": None,
+                                      "found_period": None, "found_stride": None,
                                       **self.schedule.coverage()}
         with record.LOCK:
             found = section()
@@ -444,6 +446,8 @@ class Graph:
             self.entry["found_because"] = why
             if why == schedule.SAMPLED:
                 self.entry["found_period"] = plan.sampled_period
+            elif why == schedule.VALUES:  # the stride adapts to measured costs afterwards
+                self.entry["found_stride"] = plan.values_read_stride
             self.entry["unverified_calls"] = unverified
         when = (f" Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" +
                 (f"; the {unverified:,} call(s) since its last good check (call "

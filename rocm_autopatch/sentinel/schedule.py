@@ -201,6 +201,7 @@ class Schedule:
         self.checked_non_finite: Set[int] = set()
         self.magnitudes: Optional[Magnitudes] = None  # set once the graph is analysed
         self.stride = 1  # magnitudes are followed every stride-th call
+        self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
@@ -246,10 +247,12 @@ class Schedule:
                           or self.affordable()):
             return SHAPE
         if self.magnitudes is not None and n % self.stride == 0:
+            read_every = self.stride  # _costs may change it: the stride this read kept
             began = time.perf_counter()
             values = self.magnitudes.measure(flat)
             self._costs(time.perf_counter() - began)
             if self._new_regime(values):
+                self.values_read_stride = read_every
                 return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER:
             # One early sampled check measures a warm check and a warm call: the first
