@@ -179,7 +179,8 @@ class Runner:
         return proc.returncode == 0
 
     def _output(self, output: Optional[bytes], status: str) -> None:
-        """The child's output goes to the log; its last line is kept for the answer."""
+        """The child's output goes to the log; its verdict line (else its last line) is kept
+        for the answer."""
         text = (output or b"").decode(errors="replace")
         self.log.write(f"{text}({status})\n")
         self.log.flush()
