@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,21 @@ class Venv:
         return subprocess.run([self.python, *flags, "-c", code, *args], capture_output=True,
                               text=True, env=clean_env(**(env or {})), timeout=timeout,
                               cwd=cwd or str(self.path))
+
+    def torchrun(self, *args: str, env: Dict[str, str], cwd: str, timeout: int = 300
+                 ) -> Optional[subprocess.CompletedProcess]:
+        """``torchrun *args`` in a session of its own; None when it runs past ``timeout``,
+        and then torchrun and every rank are killed (a hung rank is never left behind)."""
+        proc = subprocess.Popen([str(self.path / "bin" / "torchrun"), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=cwd, env=clean_env(**env), start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     @functools.cached_property
     def torch(self) -> Dict[str, object]:

@@ -9,8 +9,6 @@ and misses are torch's own counters (``counters["inductor"]["fxgraph_cache_*"]``
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Dict, Optional
@@ -184,11 +182,11 @@ def test_two_ranks_share_one_directory(torch_venv: Venv, tmp_path: Path) -> None
     def job(name: str) -> list:
         fresh = tmp_path / f"tmp-{name}"
         fresh.mkdir()
-        proc = subprocess.run([str(torch_venv.path / "bin" / "torchrun"), "--standalone",
-                               "--nproc-per-node", "2", str(script)], capture_output=True,
-                              text=True, timeout=300, cwd=str(tmp_path), env=clean_env(
-                                  ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_CACHE=str(root),
-                                  TMPDIR=str(fresh)))
+        proc = torch_venv.torchrun("--standalone", "--nproc-per-node", "2", str(script),
+                                   cwd=str(tmp_path), env={
+                                       "ROCM_AUTOPATCH": "force",
+                                       "ROCM_AUTOPATCH_CACHE": str(root), "TMPDIR": str(fresh)})
+        assert proc is not None, "the 2-rank job ran past 300 s"
         assert proc.returncode == 0, proc.stderr[-3000:]
         return rank_lines(proc.stdout)
 
@@ -228,22 +226,16 @@ def test_autotuning_shared_between_ranks_is_off_so_no_rank_waits_on_anothers_cac
     script.write_text(AUTOTUNE_RANKS)
 
     def job(mode: str, rank0: str, rank1: str, timeout: int = 240) -> Optional[list]:
-        proc = subprocess.Popen(
-            [str(torch_venv.path / "bin" / "torchrun"), "--standalone", "--nproc-per-node",
-             "2", str(script), str(tmp_path / rank0), str(tmp_path / rank1)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-            start_new_session=True, env=clean_env(
-                ROCM_AUTOPATCH=mode, TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM="1"))
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
-            proc.communicate()
+        proc = torch_venv.torchrun(
+            "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path / rank0),
+            str(tmp_path / rank1), cwd=str(tmp_path), timeout=timeout,
+            env={"ROCM_AUTOPATCH": mode, "TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM": "1"})
+        if proc is None:  # torchrun and both ranks killed
             return None
-        assert proc.returncode == 0, err[-3000:]
-        assert (err.count("TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1 is set") == 2) == (
-            mode == "force"), err[-3000:]  # once per rank
-        return rank_lines(out)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (proc.stderr.count("TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1 is set")
+                == 2) == (mode == "force"), proc.stderr[-3000:]  # once per rank
+        return rank_lines(proc.stdout)
 
     # rocm-autopatch: both ranks warm one directory, then rank 1 starts with a new one.
     assert [r["ok"] for r in job("force", "ours", "ours")] == [True, True]

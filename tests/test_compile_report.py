@@ -365,11 +365,11 @@ def test_a_torchrun_job_writes_one_report_per_rank_and_none_for_the_launcher(
     (tmp_path / "train.py").write_text(
         "import torch\ntorch.compile(lambda x: x.sin() + 1)(torch.ones(4))\n")
     out = tmp_path / "reports"
-    proc = subprocess.run([str(torch_venv.path / "bin" / "torchrun"), "--nproc-per-node", "2",
-                           "train.py"], capture_output=True, text=True, cwd=str(tmp_path),
-                          timeout=600,
-                          env=clean_env(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_LOG="info",
-                                        ROCM_AUTOPATCH_REPORT=f"{out}/{{rank}}.json"))
+    proc = torch_venv.torchrun("--nproc-per-node", "2", "train.py", cwd=str(tmp_path),
+                               timeout=600, env={"ROCM_AUTOPATCH": "force",
+                                                 "ROCM_AUTOPATCH_LOG": "info",
+                                                 "ROCM_AUTOPATCH_REPORT": f"{out}/{{rank}}.json"})
+    assert proc is not None, "the 2-rank job ran past 600 s"
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p.name for p in files(out)] == ["0.json", "1.json"]
     lines = [ln for ln in proc.stderr.splitlines() if "compile: " in ln]

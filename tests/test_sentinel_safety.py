@@ -5,11 +5,10 @@ failed before its fix."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Venv, clean_env, rank_lines
+from conftest import Venv, rank_lines
 
 FORCE = {"ROCM_AUTOPATCH": "force"}
 
@@ -55,10 +54,9 @@ def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     # key, so with a shared cache a rank could load the other's kernel, and whether it does
     # depends on which rank wrote last (a CI run failed so: rank 1 correct in one run only).
     env = {**FORCE, "INDUCTOR_FORCE_DISABLE_CACHES": "1", **env}
-    proc = subprocess.run([str(venv_.path / "bin" / "torchrun"), "--standalone",
-                           "--nproc-per-node", "2", str(script)], capture_output=True,
-                          text=True, env=clean_env(**env), timeout=240,
-                          cwd=str(tmp_path))
+    proc = venv_.torchrun("--standalone", "--nproc-per-node", "2", str(script), env=env,
+                          timeout=240, cwd=str(tmp_path))
+    assert proc is not None, "the 2-rank job ran past 240 s: ranks out of step"
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return {r["rank"]: r for r in rank_lines(proc.stdout)}
 
