@@ -238,11 +238,40 @@ def _undecomposed(target: str) -> Iterator[None]:
     for table in tables:
         for op in [op for op in table if repr(op) == target]:
             taken.append((table, op, table.pop(op)))
+    for op in {op for _, op, _ in taken}:
+        _fallback(op)
     try:
         yield
     finally:
         for table, op, fn in taken:
             table[op] = fn
+
+
+def _fallback(op: Any) -> None:
+    """Registers ATen's kernel as the op's lowering now, as Inductor's implicit fallback
+    would when it meets the op (torch/_inductor/graph.py call_function), but with
+    warn=False. Inductor's own call keeps warn=True, and with the variable CI set (as every
+    CI service sets it) make_fallback refuses any op that torch._decomp can decompose
+    ("make_fallback(aten.silu.default): a decomposition exists"); with
+    implicit_fallbacks=False Inductor would not fall back at all. Like Inductor's, the
+    lowering stays registered for the process: once the decomposition is back, the op
+    never reaches lowering again."""
+    from torch._inductor import lowering
+
+    if op in lowering.lowerings:
+        return
+    constraint = None
+    try:
+        from torch._library.utils import get_layout_constraint_tag
+
+        tag = get_layout_constraint_tag(op, with_default=False)
+        # No tag: the contiguous inputs Inductor requires of such ops in backward
+        # (pytorch#140452), the stricter of its two choices, since one lowering serves both.
+        constraint = (lowering.require_contiguous if tag is None
+                      else lowering.tag_to_layout_constraint(tag))
+    except (ImportError, AttributeError):  # an older torch without layout tags: the default
+        pass
+    lowering.make_fallback(op, layout_constraint=constraint, warn=False)
 
 
 @contextlib.contextmanager
