@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -213,6 +214,11 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
         # torch.compile builds, a compile the program's report would count as its own.
         options["stable_hash"] = True
     body = generate_compiler_repro_string(gm, inputs, **options)
+    # torch pins the program's Inductor cache directory; a bisection gives each repro run
+    # its own (bisect.Runner), so the pin yields to a directory already set.
+    body = re.sub(r"^os\.environ\[(['\"])TORCHINDUCTOR_CACHE_DIR\1\] = (.+)$",
+                  r"os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', \2)", body,
+                  flags=re.MULTILINE)
     note = ("" if save else
             f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
             f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
