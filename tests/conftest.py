@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import venv
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -203,3 +204,32 @@ def new_venv(path: Path, links: Path, *, system_site: bool = False) -> Venv:
     env = Venv(path)
     (env.site / "torch_links.pth").write_text(f"{links}\n")  # a path line: runs no code
     return env
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    """The longest tests (marked ``heavy``, with their seconds on the 2-core CI machine)
+    start first, alternately at the head of each worker's half: pytest-xdist's worksteal
+    hands each of the two workers a contiguous half of this list and steals from the tail,
+    so a long test left near the end would run alone while the other worker sits idle."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("heavy")
+        return float(mark.args[0]) if mark else 0.0
+
+    heavy = sorted((i for i in items if seconds(i)), key=seconds, reverse=True)
+    light = [i for i in items if not seconds(i)]
+    first, second = heavy[0::2], heavy[1::2]
+    cut = max(0, len(items) // 2 - len(first))
+    items[:] = first + light[:cut] + second + light[cut:]
+
+
+TIMELINE = os.environ.get("ROCM_AUTOPATCH_TEST_TIMELINE")  # a file: when each test ran, where
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator:
+    start = time.time()
+    yield
+    if TIMELINE:
+        with open(TIMELINE, "a") as fh:
+            fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.1f} "
+                     f"{time.time():.1f} {item.nodeid}\n")

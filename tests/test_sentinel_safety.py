@@ -61,6 +61,7 @@ def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     return {r["rank"]: r for r in rank_lines(proc.stdout)}
 
 
+@pytest.mark.heavy(85)
 def test_ranks_that_would_decide_differently_stay_in_step(torch_venv: Venv,
                                                          tmp_path: Path) -> None:
     """Collectives inside compiled graphs, with a random op on one rank, a rank that
