@@ -27,12 +27,21 @@ import torch
 from torch._inductor import decomposition as d
 d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) * 1.5
 # The first check of a fix dies before its verdict (a step that crashed, as a machine under
-# pressure can make one): it is no evidence against the fix, and is run again.
+# pressure can make one): it is no evidence against the fix, and is run again. The crash is
+# where a step applies the fix: a step may be a fork of an interpreter started long before.
 import os
 marker = os.environ.get("CRASH_FIX_CHECK_ONCE")
-if marker and "ROCM_AUTOPATCH_BISECT_CHANGE" in os.environ and not os.path.exists(marker):
-    open(marker, "w").close()
-    os._exit(3)
+if marker:
+    from rocm_autopatch.sentinel import fixes
+    applied = fixes.applied
+
+    def crash_once(*args, **kwargs):
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+        return applied(*args, **kwargs)
+
+    fixes.applied = crash_once
 '''
 
 JOB = r'''
@@ -116,6 +125,8 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     progress = (folder / "bisect-run.log").read_text()
     assert "rocm-autopatch bisect: step 1 " in progress and "applications" in progress
     assert (tmp_path / "crashed").exists() and "(again: the last run gave no verdict)" in progress
+    # A CPU graph: every step a fork of one interpreter that had imported torch.
+    assert result["forked"] == result["steps"], result
     store = json.loads((tmp_path / "fixes.json").read_text())
     (fix,) = store["fixes"]
     assert fix["fingerprint"] == folder.name and fix["change"] == result["change"]
@@ -161,3 +172,65 @@ def test_bad_values_of_the_new_variables_warn_once(torch_venv: Venv, tmp_path: P
     assert proc.stderr.count("ROCM_AUTOPATCH_VERIFY_BISECT='soon' is not understood") == 1
     assert proc.stderr.count(f"ROCM_AUTOPATCH_FIXES: {tmp_path / 'fixes.json'} could not be "
                              "read") == 1
+
+
+FAKE_REPRO = '''
+import os, sys, time
+here = os.path.dirname(os.path.abspath(__file__))
+if open(os.path.join(here, "mode")).read() == "sleep":
+    with open(os.path.join(here, "pid"), "w") as fh:
+        fh.write(str(os.getpid()))
+    time.sleep(300)
+print("not reproduced: a stand-in repro, pid", os.getpid(), "parent", os.getppid())
+sys.exit(0)
+'''
+
+STEPS = r'''
+import json, os, sys, time
+from rocm_autopatch.sentinel.steps import OutOfTime, Runner
+folder = sys.argv[1]
+mode = os.path.join(folder, "mode")
+with open(mode, "w") as fh:
+    fh.write("ok")
+log = open(os.path.join(folder, "log"), "w")
+runner = Runner(folder, 300, lambda line: None, log, device="cpu")
+first = [runner.good("warm"), runner.last, runner.server.pid]
+os.killpg(runner.server.pid, 9)  # the warm interpreter dies
+runner.server.wait()
+second = [runner.good("after it died"), runner.last, runner.forked, runner.fork]
+runner.close()
+with open(mode, "w") as fh:
+    fh.write("sleep")
+runner = Runner(folder, 12, lambda line: None, log, device="cpu")
+try:
+    runner.good("a step that never ends")
+    ended = "returned"
+except OutOfTime:
+    ended = "out of time"
+runner.close()
+pid = int(open(os.path.join(folder, "pid")).read())
+try:
+    os.kill(pid, 0)
+    alive = True
+except ProcessLookupError:
+    alive = False
+print(json.dumps({"first": first, "second": second, "ended": ended, "alive": alive,
+                  "forked": runner.forked}))
+'''
+
+
+def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """A CPU graph's steps are forks of one interpreter that imported torch: each one's
+    verdict is read; if that interpreter dies, the steps go on in fresh interpreters; a step
+    that never ends is killed at the limit, with what it started."""
+    (tmp_path / "repro.py").write_text(FAKE_REPRO)
+    out = torch_venv.json(STEPS, str(tmp_path))
+    ok, last, server = out["first"]
+    assert ok and last.startswith("not reproduced: a stand-in repro")
+    assert last.split("parent ")[1].split()[0] == str(server)  # forked by the warm one
+    ok, last, forked, fork = out["second"]
+    assert ok and forked == 1 and fork is False
+    assert f"parent {server}" not in last  # a fresh interpreter
+    assert "could not run the step" in (tmp_path / "log").read_text()
+    assert out["ended"] == "out of time" and out["forked"] == 1 and out["alive"] is False

@@ -1,11 +1,12 @@
 """``rocm-autopatch bisect DIR``: which compiler step makes a repro's graph wrong.
 
 ``DIR`` is a repro directory the sentinel wrote (``repro``): its ``repro.py`` exits 1 while
-the compiled graph differs from eager and 0 when it matches. Every step below runs it in a
-fresh interpreter (without rocm-autopatch), under a time limit, with torch's graph-level
-caches off (their keys know neither the bisector's state nor a change it tries) and one
-kernel cache of the bisection's own shared by its steps (kernels are cached by their source,
-so a step builds only the kernels no earlier step built):
+the compiled graph differs from eager and 0 when it matches. Every step below runs it in an
+interpreter of its own without rocm-autopatch (``steps``: fresh, or for a CPU graph forked
+from one that has imported torch), under a time limit, with torch's graph-level caches off
+(their keys know neither the bisector's state nor a change it tries) and one kernel cache of
+the bisection's own shared by its steps (kernels are cached by their source, so a step
+builds only the kernels no earlier step built):
 
 1. the repro as it is: it must reproduce, or there is nothing to look for;
 2. torch's ``CompilerBisector`` (``torch/_inductor/compiler_bisector.py``, torch >= 2.6;
@@ -30,17 +31,12 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from rocm_autopatch import files
 from rocm_autopatch.sentinel import fixes
+from rocm_autopatch.sentinel.steps import OutOfTime, Runner
 
-STEP_SECONDS = 600.0  # one run of the repro (a compile in a fresh interpreter)
 RESULT = "bisect.json"
 LOG = "bisect.log"
 LOCK = "bisect.lock"
@@ -96,122 +92,6 @@ KNOBS = (
     Knob("64-bit indexing in every kernel", {"kind": "index64"}, _gpu,
          "torch/_inductor/codegen/simd.py SIMDScheduling.can_use_32bit_indexing"),
 )
-
-# A child reads the bisector's state from the directory this process writes it to (torch
-# reads it from its Inductor cache directory, which a repro sets to the program's), and
-# applies a change that is not an Inductor setting (those go on repro.py's command line,
-# after the settings the repro makes itself), then runs the repro.
-BOOT = """\
-import json, os, runpy, sys
-state = os.environ.pop("ROCM_AUTOPATCH_BISECT_STATE", "")
-if state:
-    from torch._inductor import compiler_bisector as cb
-    cb.CompilerBisector.in_process_cache = state
-    cb.CompilerBisector.bisection_enabled = cb.get_is_bisection_enabled()
-name = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_NAME", "null"))
-if name:
-    from rocm_autopatch.sentinel import naming
-    naming.install(**name)
-change = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_CHANGE", "null"))
-if change:
-    from rocm_autopatch.sentinel import fixes
-    applied = fixes.applied({"change": change})  # held: collected, it would undo itself
-    applied.__enter__()
-path = sys.argv[1]
-sys.argv = sys.argv[1:]
-runpy.run_path(path, run_name="__main__")
-"""
-
-
-# Caches keyed on the graph and settings, not on the bisector's state or the change tried,
-# would serve one step's compile to the next; torch's kernel caches (C++ and Triton, keyed by
-# the kernel's source) stay on. Step 1 without them took 19.9 s to compile the README demo's
-# graph on a 2-core CPU; a later step 7.1 s.
-GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
-                    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
-                    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "0",
-                    # Dynamo's record of which dimensions changed (pgo.py), kept per frame
-                    "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO": "0",
-                    "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0"}
-
-VERDICTS = ("REPRODUCED", "not reproduced")  # how repro.py's runner ends (repro.RUNNER)
-
-
-class OutOfTime(Exception):
-    pass
-
-
-class Runner:
-    """Runs the repro, one step at a time, within the limits; says where it is."""
-
-    def __init__(self, folder: str, limit: float, say: Callable[[str], None],
-                 log_file: Any) -> None:
-        self.repro = os.path.join(folder, "repro.py")
-        self.deadline = time.monotonic() + limit
-        self.start = time.monotonic()
-        self.say = say
-        self.log = log_file
-        self.steps = 0
-        self.last = ""  # the last step's last line of output, and how it ended
-        self.verdict = False  # whether that step ended with repro.py's verdict
-        self.state = tempfile.mkdtemp(prefix="rocm-autopatch-bisect-")
-        self.kernels = os.path.join(self.state, "inductor")  # Triton's goes under it too
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def good(self, what: str, change: Optional[Dict[str, Any]] = None,
-             bisector: str = "", name: Optional[Dict[str, Any]] = None) -> bool:
-        """Whether the repro matches eager in this step (exit status 0)."""
-        left = self.deadline - time.monotonic()
-        if left <= 1:
-            raise OutOfTime()
-        self.steps += 1
-        self.say(f"rocm-autopatch bisect: step {self.steps} ({self.elapsed():.0f} s): {what}")
-        env = dict(os.environ)
-        env.update({"ROCM_AUTOPATCH": "0", "PYTHONDONTWRITEBYTECODE": "1",
-                    **GRAPH_CACHES_OFF, "TORCHINDUCTOR_CACHE_DIR": self.kernels,
-                    "ROCM_AUTOPATCH_BISECT_STATE": bisector})
-        if change and change["kind"] == "env":
-            # Triton's key need not know the variable: its kernels are built afresh.
-            env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=self.state)
-        argv = [sys.executable, "-c", BOOT, self.repro]
-        if name:
-            env["ROCM_AUTOPATCH_BISECT_NAME"] = json.dumps(name)
-        if change and change["kind"] == "config":
-            argv.append(f"{change['key']}={change['value']!r}")
-        elif change:
-            env["ROCM_AUTOPATCH_BISECT_CHANGE"] = json.dumps(change)
-        self.log.write(f"\n---- step {self.steps}: {what}\n")
-        self.log.flush()
-        try:
-            proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, cwd=os.path.dirname(self.repro),
-                                  timeout=min(left, STEP_SECONDS))
-        except subprocess.TimeoutExpired as timed_out:
-            self._output(timed_out.output, "the step timed out")
-            if time.monotonic() >= self.deadline - 1:
-                raise OutOfTime() from None
-            return False
-        self._output(proc.stdout, f"exit status {proc.returncode}")
-        return proc.returncode == 0
-
-    def _output(self, output: Optional[bytes], status: str) -> None:
-        """The child's output goes to the log; its verdict line (else its last line) is kept
-        for the answer."""
-        text = (output or b"").decode(errors="replace")
-        self.log.write(f"{text}({status})\n")
-        self.log.flush()
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        # repro.py's runner ends with its verdict; without one, the step failed to run
-        said = [line for line in lines if line.startswith(VERDICTS)]
-        self.verdict = bool(said)
-        last = (said or lines or ["no output"])[-1]
-        self.last = f"{last[:300]} ({status})"
-
-    def close(self) -> None:
-        shutil.rmtree(self.state, ignore_errors=True)
-
 
 def _where_now(bisector: Any) -> str:
     """The bisector's state in words, for the progress line."""
@@ -338,7 +218,7 @@ def run(folder: str, limit: float, say: Callable[[str], None], remember: bool = 
     with open(os.path.join(folder, "repro.py")) as fh:
         text = fh.read()
     with open(os.path.join(folder, LOG), "w") as log_file:
-        runner = Runner(folder, limit, say, log_file)
+        runner = Runner(folder, limit, say, log_file, device=env.get("device"))
         try:
             _bisect(runner, env, text, result)
         except OutOfTime:
@@ -350,7 +230,8 @@ def run(folder: str, limit: float, say: Callable[[str], None], remember: bool = 
                                                  f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
             runner.close()
-        result.update(steps=runner.steps, seconds=round(runner.elapsed(), 1))
+        result.update(steps=runner.steps, forked=runner.forked,
+                      seconds=round(runner.elapsed(), 1))
     if remember and result["change"] is not None:
         result["remembered"] = _remember(folder, env, result)
     _write(folder, result)
@@ -473,7 +354,10 @@ def lines(result: Dict[str, Any]) -> List[str]:
     """The result for a person: the answer, then what was tried."""
     out = [f"rocm-autopatch bisect: {result['answer']}"]
     if result.get("steps"):
-        out.append(f"  {result['steps']} runs of repro.py in {result.get('seconds', 0):.0f} s; "
+        forked = (f" ({result['forked']} forked from an interpreter that had imported torch)"
+                  if result.get("forked") else "")
+        out.append(f"  {result['steps']} runs of repro.py{forked} in "
+                   f"{result.get('seconds', 0):.0f} s; "
                    f"torch's output: {os.path.join(result['repro'], LOG)}")
     for t in result["tried"]:
         out.append(f"  knob {t['knob']} [{t['ref']}]: {t['outcome']}")
