@@ -68,7 +68,7 @@ def _kfd(root: Path, target: int) -> str:
     return str(root)
 
 
-@pytest.mark.heavy(120)
+@pytest.mark.heavy(95)
 def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv: Venv,
                                                                      tmp_path: Path) -> None:
     # Without it: torch's cache is under /tmp, and a fresh /tmp compiles again.
@@ -123,7 +123,7 @@ def test_a_directory_that_cannot_be_written_costs_nothing(torch_venv: Venv,
     assert f"ROCM_AUTOPATCH_CACHE={target}: cannot write" in err
 
 
-@pytest.mark.heavy(55)
+@pytest.mark.heavy(30)
 def test_a_truncated_entry_is_recompiled(torch_venv: Venv, tmp_path: Path) -> None:
     root = tmp_path / "cache"
     _run(torch_venv, tmp_path, "write", ROCM_AUTOPATCH_CACHE=str(root))
@@ -141,7 +141,7 @@ def _flagged(stderr: str) -> list:
     return [line for line in stderr.splitlines() if "FORCE_DISABLE_CACHES=1 is set" in line]
 
 
-@pytest.mark.heavy(70)
+@pytest.mark.heavy(38)
 def test_force_disable_caches_is_flagged_once_and_kept_when_asked(torch_venv: Venv,
                                                                   tmp_path: Path) -> None:
     hostile: Dict[str, str] = {"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
@@ -178,7 +178,7 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.heavy(55)
+@pytest.mark.heavy(42)
 def test_two_ranks_share_one_directory(torch_venv: Venv, tmp_path: Path) -> None:
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
@@ -221,7 +221,7 @@ dist.destroy_process_group()
 '''
 
 
-@pytest.mark.heavy(95)
+@pytest.mark.heavy(93)
 def test_autotuning_shared_between_ranks_is_off_so_no_rank_waits_on_anothers_cache_hit(
         torch_venv: Venv, tmp_path: Path) -> None:
     """torch's distributed GEMM autotuning (TORCHINDUCTOR_DISTRIBUTED_MAX_AUTOTUNE_GEMM=1)

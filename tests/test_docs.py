@@ -66,7 +66,7 @@ def test_documented_commands_run(torch_venv: Venv, tmp_path: Path, where: str,
     assert "Traceback" not in proc.stderr, f"{where}\n{proc.stderr[-3000:]}"
 
 
-@pytest.mark.heavy(440)
+@pytest.mark.heavy(300)
 def test_the_readme_demo_runs_as_written_on_a_fresh_copy(tmp_path: Path) -> None:
     (demo,) = [body.strip() for _, body in blocks()
                if body.startswith(FRESH) and "demo.py" in body]

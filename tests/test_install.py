@@ -322,7 +322,7 @@ print(json.dumps({"received": torch.RECEIVED, "platform": r.platform, "active": 
     assert out["py"] == [int(p) for p in version.split(".")]
 
 
-@pytest.mark.heavy(48)
+@pytest.mark.heavy(27)
 def test_a_closed_stderr_changes_no_exit_status_and_switches_nothing_off(
         torch_venv: Venv, tmp_path: Path) -> None:
     """stderr a pipe whose reader is gone: our warnings must not change the exit status,

@@ -95,7 +95,7 @@ def buggy_torch(tmp_path: Path) -> Path:
     return inject
 
 
-@pytest.mark.heavy(130)
+@pytest.mark.heavy(80)
 def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
         torch_venv: Venv, tmp_path: Path, buggy_torch: Path) -> None:
     env = _env(tmp_path, PYTHONPATH=str(buggy_torch), ROCM_AUTOPATCH_VERIFY_BISECT="600",
@@ -148,7 +148,7 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     assert json.loads((tmp_path / "fixes.json").read_text())["fixes"] == []
 
 
-@pytest.mark.heavy(40)
+@pytest.mark.heavy(28)
 def test_bisect_says_when_there_is_nothing_to_find(torch_venv: Venv, tmp_path: Path) -> None:
     """A repro that no longer reproduces (here: torch's fault injection taken out) gets a
     plain answer and nothing is remembered; a directory that is not a repro is refused."""

@@ -200,7 +200,7 @@ def test_bad_values_warn_once_and_name_what_is_accepted(torch_venv: Venv,
     assert any("ROCM_AUTOPATCH_VERIFY_CALLS='-2'" in s and ">= 1" in s for s in said)
 
 
-@pytest.mark.heavy(58)
+@pytest.mark.heavy(65)
 def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> None:
     """transformers' GPT-2, Llama and ViT at small sizes, fp32 and bf16: all compared."""
     torch_venv.needs("transformers")

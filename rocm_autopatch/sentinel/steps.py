@@ -17,6 +17,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,8 +108,7 @@ for line in sys.stdin:
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            rc = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") \\
-                else (status >> 8)
+            rc = os.waitstatus_to_exitcode(status)
             break
         time.sleep(0.05)
     try:
@@ -231,7 +231,7 @@ class Runner:
     def _stop_server(self) -> None:
         if self.server is not None:
             try:
-                os.killpg(self.server.pid, 9)
+                os.killpg(self.server.pid, signal.SIGKILL)
             except OSError:
                 pass
             self.server.wait()
