@@ -3,7 +3,7 @@
 ``TRIGGER`` is the whole start-up: a few lines that put one tiny finder (a function) at
 the front of ``sys.meta_path`` and wait for the program's first ``import torch``; only then
 is this module imported and the ``rocm_autopatch`` package loaded (``fire``, then
-``rocm_autopatch.bootstrap.take_over``). It reaches a
+``rocm_autopatch.startup.bootstrap.take_over``). It reaches a
 process by one of four paths, all ending in the same idempotent ``install``:
 
 - ``rocm_autopatch.pth``: the trigger's source is written into the .pth line itself, so
@@ -22,7 +22,7 @@ Stdlib only, nothing on stdout, never raises: this runs in every Python process,
 
 import sys
 
-# The one definition of ROCM_AUTOPATCH's values; rocm_autopatch.bootstrap reads them here.
+# The one definition of ROCM_AUTOPATCH's values; rocm_autopatch.startup.bootstrap reads them here.
 ENV_MODE = "ROCM_AUTOPATCH"
 OFF_VALUES = ("0", "off", "false", "no")
 AUTO_VALUES = ("", "1", "on", "auto", "true", "yes")
@@ -52,7 +52,7 @@ def fire(trigger, name, path=None, target=None):
     """The trigger saw ``import torch``: load the package and let it take over (where it
     cannot load, the trigger stands down for good)."""
     try:
-        from rocm_autopatch.bootstrap import take_over
+        from rocm_autopatch.startup.bootstrap import take_over
     except Exception:  # noqa: BLE001 - never break an import
         trigger.find_spec = _inert
         return None
@@ -100,6 +100,13 @@ def pth_line() -> str:
             f"{OFF_VALUES!r} or hasattr(sys, '_rocm_autopatch') or exec({TRIGGER!r}, {{}})\n")
 
 
+def mode_text() -> str:
+    """``ROCM_AUTOPATCH`` as set ("" when unset): read here, where the trigger reads it."""
+    import os
+
+    return os.environ.get(ENV_MODE, "")
+
+
 def torch_autoload(environ=None):
     """Will torch (>= 2.5) run its backend autoload? Its own rule, to the letter
     (``torch/__init__.py`` ``_is_device_backend_autoload_enabled``: unset or exactly "1")."""
@@ -137,7 +144,7 @@ def start(via: str = ".start"):
             reached = (*reached, via)
         trigger.reached = reached
         if "torch" in sys.modules:  # torch came first (torch's autoload, another .pth)
-            from rocm_autopatch.bootstrap import take_over
+            from rocm_autopatch.startup.bootstrap import take_over
 
             take_over(trigger, "torch")  # idempotent
         return trigger

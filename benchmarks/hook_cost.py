@@ -3,7 +3,7 @@
     python benchmarks/hook_cost.py [--runs 10]
 
 Needs rocm-autopatch installed in this Python. Two measures, each in fresh processes:
-- the time spent inside our hooks (``rocm_autopatch.importhook.timings``: our modules'
+- the time spent inside our hooks (``rocm_autopatch.startup.post_import.timings``: our modules'
   imports, the config writes and read-backs, the guard), under ROCM_AUTOPATCH=force,
   while the program runs ``import torch, torch._dynamo, torch._inductor.config``;
 - the wall time of that import line, force vs ROCM_AUTOPATCH=0, paired and alternated.
@@ -30,8 +30,8 @@ import torch, torch._dynamo, torch._inductor.config
 wall = time.perf_counter() - start
 timings, where = {}, None
 try:
-    from rocm_autopatch import importhook
-    timings, where = dict(importhook.timings), importhook.__file__
+    from rocm_autopatch.startup import post_import
+    timings, where = dict(post_import.timings), post_import.__file__
 except ImportError:
     pass
 print(json.dumps({"wall_ms": wall * 1e3, "hooks_ms": {k: v * 1e3 for k, v in timings.items()},

@@ -14,7 +14,7 @@ images), in three arms run paired and alternated so drift hits all of them:
   without  - rocm_autopatch.pth removed (the torch.backends entry point stays, as it
              would for a user: it runs at ``import torch`` only).
 Then, with ROCM_AUTOPATCH=force, the time spent inside our hooks during
-``import torch, torch._dynamo, torch._inductor.config`` (``importhook.timings``: our
+``import torch, torch._dynamo, torch._inductor.config`` (``post_import.timings``: our
 modules' loading included, so from source where no bytecode exists).
 Prints a table and one JSON line.
 """
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("with", "floor", "without")
 HOOKS = """
 import json, torch, torch._dynamo, torch._inductor.config
-from rocm_autopatch import importhook
-print(json.dumps(sum(importhook.timings.values()) * 1e3))
+from rocm_autopatch.startup import post_import
+print(json.dumps(sum(post_import.timings.values()) * 1e3))
 """
 
 

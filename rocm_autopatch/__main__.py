@@ -2,6 +2,6 @@
 
 import sys
 
-from rocm_autopatch.cli import main
+from rocm_autopatch.cli.main import main
 
 sys.exit(main())

@@ -15,7 +15,8 @@ import threading
 from typing import Any, Hashable, Optional, Set
 
 from _rocm_autopatch_start import say
-from rocm_autopatch import record, settings
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import record
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR, "off": logging.CRITICAL + 10}
@@ -91,13 +92,6 @@ def path_setting(name: str) -> Optional[str]:
     if given.lower() in settings.FALSE_WORDS:
         return None
     return os.path.abspath(os.path.expanduser(given)) if given else ""
-
-
-def user_cache(*parts: str) -> str:
-    """A path under the user's cache directory: ``$XDG_CACHE_HOME/rocm-autopatch`` (else
-    ``~/.cache/rocm-autopatch``)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "rocm-autopatch", *parts)
 
 
 def rank() -> Optional[int]:

@@ -1,4 +1,5 @@
-"""The one way rocm-autopatch wraps something torch exposes: wrap once, marked, reversible.
+"""The one way rocm-autopatch changes something torch exposes: wrap once, marked,
+reversible; or swap for the time of a block.
 
 ``wrap(owner, name, make)`` replaces ``owner.name`` with ``make(original)``, a plain
 function that carries the original's name, qualified name and doc, ``__wrapped__`` (so
@@ -9,17 +10,24 @@ can patch and restore inside one process. Each attribute has one owner module:
 ``torch.compile`` the compile guard, ``torch._dynamo.convert_frame._compile`` the
 compile-frame hook, ``torch._inductor.compile_fx.compile_fx`` the numerics sentinel,
 ``CUDAGraph.capture_end`` the capture policy.
+
+``swapped(owner, name, value)`` is the temporary twin: ``owner.name`` (or ``owner[name]``, a
+mapping's item such as an environment variable) is ``value`` inside a ``with`` block and
+what it was after it, absent again where it was absent, whatever the block raised. Every
+change that must last only as long as one compile or one capture goes through it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 MARK = "__rocm_autopatch__"
 _lock = threading.RLock()
 _installed: List[Tuple[Any, str, Any, Any]] = []  # (owner, name, original, wrapper)
+_ABSENT = object()
 
 
 def ours(fn: Any) -> bool:
@@ -74,3 +82,31 @@ def unwrap_all() -> int:
         for owner, name, _original, _wrapper in reversed(list(_installed)):
             done += unwrap(owner, name)
         return done
+
+
+@contextlib.contextmanager
+def swapped(owner: Any, name: str, value: Any, item: bool = False) -> Iterator[Any]:
+    """``owner.name`` (``owner[name]`` with ``item``) is ``value`` inside the block; the
+    value it replaced is yielded. An attribute is read from the owner's own ``__dict__``
+    where it has one, so that a class's ``classmethod`` or ``staticmethod`` object comes back
+    as it was, not as the bound function ``getattr`` returns, and an inherited attribute is
+    inherited again afterwards."""
+    if item:
+        before = owner.get(name, _ABSENT)
+        owner[name] = value
+    else:
+        own = getattr(owner, "__dict__", None)
+        before = own.get(name, _ABSENT) if own is not None else getattr(owner, name, _ABSENT)
+        setattr(owner, name, value)
+    try:
+        yield None if before is _ABSENT else before
+    finally:
+        if before is not _ABSENT:
+            if item:
+                owner[name] = before
+            else:
+                setattr(owner, name, before)
+        elif item:
+            owner.pop(name, None)
+        else:
+            delattr(owner, name)

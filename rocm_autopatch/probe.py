@@ -11,7 +11,6 @@ import os
 from types import ModuleType
 from typing import Dict, List, Optional
 
-ENV_KFD = "ROCM_AUTOPATCH_KFD_TOPOLOGY"  # tests point this at a fake topology
 DEFAULT_KFD = "/sys/class/kfd/kfd/topology/nodes"
 
 # gfx_target_version (KFD) -> name: 90010 -> gfx90a.
@@ -23,6 +22,15 @@ KNOWN_GPUS = {
     "gfx942": "MI300X/MI300A/MI325X",
     "gfx950": "MI350X/MI355X",
 }
+
+
+def _setting(which: str) -> str:
+    """A path of ``settings`` (``KFD_TOPOLOGY``, ``CGROUP_ROOT``; "" unset): where tests put
+    a fake topology or cgroup tree. Loaded only here: deciding whether this is a ROCm build
+    must not load the settings on every other build."""
+    from rocm_autopatch.config import settings
+
+    return (settings.raw(getattr(settings, which)) or "").strip()
 
 
 def platform_of(torch: ModuleType) -> str:
@@ -64,7 +72,7 @@ def gfx_name(target_version: int) -> str:
 
 def gpu_archs(root: Optional[str] = None) -> List[Dict[str, str]]:
     """One entry per GPU node of the KFD topology; empty where there is none (or no AMD)."""
-    root = root or os.environ.get(ENV_KFD) or DEFAULT_KFD
+    root = root or _setting("KFD_TOPOLOGY") or DEFAULT_KFD
     found = []
     for props in sorted(glob.glob(os.path.join(root, "*", "properties"))):
         try:
@@ -86,7 +94,6 @@ def arch_names(root: Optional[str] = None) -> List[str]:
     return sorted({gpu["arch"] for gpu in gpu_archs(root)})
 
 
-ENV_CGROUP = "ROCM_AUTOPATCH_CGROUP_ROOT"  # tests point this at a fake cgroup tree
 DEFAULT_CGROUP = "/sys/fs/cgroup"
 
 
@@ -116,7 +123,7 @@ def _own_cgroup_dirs(root: str) -> List[str]:
 def cgroup_cpu_limit(root: Optional[str] = None) -> Optional[float]:
     """CPUs allowed by the cgroup CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``);
     None where there is no quota."""
-    root = root or os.environ.get(ENV_CGROUP) or DEFAULT_CGROUP
+    root = root or _setting("CGROUP_ROOT") or DEFAULT_CGROUP
     for d in _own_cgroup_dirs(root):
         for v2, quota_file, period_file in (
                 (True, os.path.join(d, "cpu.max"), None),

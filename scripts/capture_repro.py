@@ -18,7 +18,8 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
-from rocm_autopatch import capture, compile_frame, record
+from rocm_autopatch.guards import capture, compile_frame
+from rocm_autopatch.reporting import record
 
 RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you "
              "need this call to be captured, please file an issue.")

@@ -131,11 +131,11 @@ if MODE == "train":
 if __name__ == "__main__":  # not when a forkserver preloads this module
     import atexit  # what this process armed, read at the end
 
-    import rocm_autopatch.record as record
+    import rocm_autopatch.reporting.record as record
 
     metrics = getattr(torch._dynamo.utils, "_compilation_metrics", ())
     print(json.dumps({"pid": os.getpid(), "armed": record.COMPILE is not None,
-                      "loaded": "rocm_autopatch.compile_report" in sys.modules,
+                      "loaded": "rocm_autopatch.reporting.collector" in sys.modules,
                       "atexit": atexit._ncallbacks(),
                       # torch's own record of the backward compiles
                       "torch_backward_compiles": sum(getattr(m, "is_forward", True) is False

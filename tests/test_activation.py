@@ -18,7 +18,7 @@ from typing import Dict, List
 
 from conftest import Venv, clean_env, new_venv
 
-from rocm_autopatch import profiles
+from rocm_autopatch.config import profiles
 
 ENTRY = "torch.backends entry point"
 OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_autopatch')))"
@@ -79,7 +79,7 @@ def test_target_install_on_pythonpath_activates_through_torchs_autoload(
     assert out["activation"] == {"via": ENTRY, "reached": [ENTRY]}
     assert out["active"] and out["errors"] == [] and out["keys"] == len(profiles.keys("safe"))
     assert out["recompile_limit"] == 128 and out["backends"] == "ATEN"
-    assert out["guard"] == "compile_guard.py" and out["guard_inner"] == "__init__.py"
+    assert out["guard"] == "compile_options.py" and out["guard_inner"] == "__init__.py"
     assert out["package"].startswith(str(target))
     # Autoload off: this layout has no other path; the launcher is the way (README).
     off = env.json(UNTOUCHED, env={"PYTHONPATH": str(target), "ROCM_AUTOPATCH": "force",
@@ -103,7 +103,7 @@ def test_pth_and_entry_point_together_apply_and_say_everything_once(torch_venv: 
     assert out["activation"] == {"via": ".pth", "reached": [".pth", ENTRY]}
     assert out["keys"] == len(profiles.keys("safe")) and out["errors"] == []
     # Wrapped once each: the guard wraps torch's own compile, the frame hook torch's _compile.
-    assert out["guard"] == "compile_guard.py" and out["guard_inner"] == "__init__.py"
+    assert out["guard"] == "compile_options.py" and out["guard_inner"] == "__init__.py"
     assert out["frame_hook_inner_ours"] is False
     assert [line.split(" config, ")[0].split()[-1]
             for line in summary_lines(proc.stderr)] == ["dynamo", "inductor"]
@@ -113,7 +113,7 @@ def test_autoload_off_leaves_the_pth_path_working(torch_venv: Venv) -> None:
     out = torch_venv.json(PROBE, env={"ROCM_AUTOPATCH": "force",
                                       "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert out["activation"] == {"via": ".pth", "reached": [".pth"]}
-    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_guard.py"
+    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_options.py"
 
 
 def test_uv_install_has_both_startup_files_in_purelib_and_activates(
@@ -132,7 +132,7 @@ def test_uv_install_has_both_startup_files_in_purelib_and_activates(
     out = env.json(PROBE, env={"ROCM_AUTOPATCH": "force", "PYTHONDONTWRITEBYTECODE": "1"})
     assert out["trigger_before_torch"] == 1
     assert out["activation"] == {"via": ".pth", "reached": [".pth", ENTRY]}
-    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_guard.py"
+    assert out["active"] and out["recompile_limit"] == 128 and out["guard"] == "compile_options.py"
     assert out["package"].startswith(str(env.site))
     doctor = json.loads(subprocess.run(
         [env.python, "-m", "rocm_autopatch", "doctor", "--json"], capture_output=True,
@@ -190,7 +190,7 @@ def test_import_torch_runs_with_torchs_own_loader(torch_venv: Venv) -> None:
             "print(json.dumps({'loader': type(loader).__module__ + '.' + type(loader).__name__,"
             " 'module_loader': type(torch.__loader__).__name__, 'active': r.active,"
             " 'reached': r.activation['reached'],"
-            " 'guarded': torch.compile.__module__ == 'rocm_autopatch.compile_guard'"
+            " 'guarded': torch.compile.__module__ == 'rocm_autopatch.guards.compile_options'"
             " or hasattr(torch.compile, '__rocm_autopatch__')}))\n")
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
     assert out["loader"].endswith(".SourceFileLoader") and "rocm" not in out["loader"]

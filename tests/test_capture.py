@@ -16,7 +16,7 @@ import types
 import pytest
 from conftest import ROOT, Venv
 
-from rocm_autopatch import capture
+from rocm_autopatch.guards import capture
 
 INSTALLED = """
 import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
@@ -34,7 +34,7 @@ def test_one_hook_is_installed_on_the_real_convert_frame_and_compiles_pass(
         torch_venv: Venv) -> None:
     out = torch_venv.json(INSTALLED, env={"ROCM_AUTOPATCH": "force"})
     assert out["ok"] is True and out["marked"] is True and out["errors"] == []
-    assert out["owner"] == "rocm_autopatch.compile_frame"
+    assert out["owner"] == "rocm_autopatch.guards.compile_frame"
     assert out["fixes"]["capture_policy"]["status"] == "applied"
     assert "apply_to_code=False" in out["fixes"]["capture_policy"]["reason"]  # 2.13's form
     assert "pytorch#185074" in out["fixes"]["capture_policy"]["ref"]

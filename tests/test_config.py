@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import Venv
 
-from rocm_autopatch import probe, profiles
+from rocm_autopatch import probe
+from rocm_autopatch.config import profiles
 
 READ_ALL = """
 import json, threading

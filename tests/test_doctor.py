@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, Venv, clean_env
 
 import rocm_autopatch
-from rocm_autopatch import profiles
+from rocm_autopatch.config import profiles
 
 SECTIONS = ["Install", "Platform", "Environment",
             "Configuration (key: before -> after, source, status)",

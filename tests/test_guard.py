@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import Venv
 
-from rocm_autopatch import compile_guard
+from rocm_autopatch.guards import compile_options
 
 SPY = """
 import functools, json, torch
@@ -130,11 +130,11 @@ out = check(f)
 ])
 @pytest.mark.fast
 def test_rewrite_leaves_other_backends_and_modes_alone(kwargs: dict) -> None:
-    for allowed in (compile_guard.Policy(False, False), compile_guard.Policy(False, True)):
-        assert compile_guard.rewrite(kwargs, allowed) is None
+    for allowed in (compile_options.Policy(False, False), compile_options.Policy(False, True)):
+        assert compile_options.rewrite(kwargs, allowed) is None
 
 
-P = compile_guard.Policy
+P = compile_options.Policy
 # (what was asked, policy) -> what torch gets, what was removed. policy: graphs, tuning.
 TABLE = [
     ({"mode": "max-autotune"}, P(False, False), {"mode": "default"}, ("graphs", "tuning")),
@@ -157,7 +157,7 @@ TABLE = [
 @pytest.mark.parametrize("asked, allowed, gets, removed", TABLE)
 @pytest.mark.fast
 def test_rewrite_table(asked: dict, allowed, gets: dict, removed: tuple) -> None:
-    assert compile_guard.rewrite(asked, allowed) == (gets, removed)
+    assert compile_options.rewrite(asked, allowed) == (gets, removed)
 
 
 AUTOTUNE = SPY + """

@@ -183,7 +183,7 @@ def test_the_writer_writes_every_field_the_schema_declares(torch_venv: Venv,
                           env=clean_env(**FORCE, ROCM_AUTOPATCH_REPORT=str(path),
                                         ROCM_AUTOPATCH_VERIFY="check"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    code = ("import json, sys; from rocm_autopatch import report_schema as s; "
+    code = ("import json, sys; from rocm_autopatch.reporting import schema as s; "
             "d = json.load(open(sys.argv[1])); "
             "print(json.dumps({'schema': d['schema'], 'missing': s.missing(d), "
             "'extra': sorted(set(d['compile']) - set(s.COMPILE)), "

@@ -16,7 +16,11 @@ from typing import Any, Dict
 
 import pytest
 
-from rocm_autopatch import cli, frames, patching, report_schema, report_view, selftest, settings
+from rocm_autopatch import frames, patching
+from rocm_autopatch.cli import main as cli
+from rocm_autopatch.cli import selftest
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import schema, view
 
 pytestmark = pytest.mark.fast
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,16 +78,16 @@ def test_torch_autoload_follows_torchs_own_rule() -> None:
 
 def test_the_guard_wraps_torch_compile_once_and_unwraps_it() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch import compile_guard
+    from rocm_autopatch.guards import compile_options
 
     before = torch.compile
     assert not patching.ours(before)  # a CPU build: the package applied nothing here
-    compile_guard.install(torch)
+    compile_options.install(torch)
     try:
         guarded = torch.compile
         assert patching.ours(guarded) and patching.original_of(guarded) is before
         assert guarded.__module__ == before.__module__ and guarded.__name__ == "compile"
-        compile_guard.install(torch)  # idempotent
+        compile_options.install(torch)  # idempotent
         assert torch.compile is guarded
         seen: Dict[str, Any] = {}
         real = torch._TorchCompileInductorWrapper.__init__
@@ -136,7 +140,7 @@ def _report(pid: int, rank: Any = None, **compile_: Any) -> Dict[str, Any]:
     process = {"pid": pid, "rank": rank, "host": "h"}
     if "forked_from" in compile_:
         process["forked_from"] = compile_.pop("forked_from")
-    data = report_view.normalise({"schema": report_schema.SCHEMA, "process": process,
+    data = view.normalise({"schema": schema.SCHEMA, "process": process,
                                   "compile": {"frames": 1, **compile_}})
     data["_file"] = f"r{pid}.json"
     return data
@@ -145,20 +149,20 @@ def _report(pid: int, rank: Any = None, **compile_: Any) -> Dict[str, Any]:
 def test_empty_sections_are_not_a_report() -> None:
     for bad in ({"schema": 1, "process": {}, "compile": {}},
                 {"schema": 2, "process": {"pid": 3}, "compile": {}}):
-        with pytest.raises(report_schema.ReportError, match="empty sections"):
-            report_view.normalise(bad)
+        with pytest.raises(schema.ReportError, match="empty sections"):
+            view.normalise(bad)
 
 
 def test_a_rank_that_is_not_a_number_does_not_break_the_view() -> None:
     reports = [_report(1, "²"), _report(2, "0"), _report(3, "../escape")]
-    view = report_view.job(sorted(reports, key=report_view._order))
-    assert [p["pid"] for p in view["processes"]] == [2, 1, 3] and view["healthy"]
+    job = view.job(sorted(reports, key=view._order))
+    assert [p["pid"] for p in job["processes"]] == [2, 1, 3] and job["healthy"]
 
 
 def test_a_failed_compile_is_a_red_flag() -> None:
     failed = [{"where": "f (/a.py:3)", "error": "BackendCompilerFailed: boom", "count": 1}]
-    view = report_view.job([_report(1, "0", failed=failed)])
-    assert not view["healthy"] and "failed to compile" in view["red_flags"][0]
+    job = view.job([_report(1, "0", failed=failed)])
+    assert not job["healthy"] and "failed to compile" in job["red_flags"][0]
 
 
 def test_only_ranks_of_a_job_are_compared() -> None:
@@ -166,22 +170,22 @@ def test_only_ranks_of_a_job_are_compared() -> None:
     more = [{"where": "f (/a.py:3)", "compiles": 3, "seconds": 3.0}]
     parent_and_child = [_report(1, "0", slowest_frames=frame),
                         _report(2, "0", slowest_frames=more, forked_from=1)]
-    assert report_view.diverging(parent_and_child) == []
-    assert report_view.job(parent_and_child)["healthy"]
+    assert view.diverging(parent_and_child) == []
+    assert view.job(parent_and_child)["healthy"]
     no_ranks = [_report(1, None, slowest_frames=frame), _report(2, None, slowest_frames=more)]
-    assert report_view.diverging(no_ranks) == []
+    assert view.diverging(no_ranks) == []
     ranks = [_report(1, "0", slowest_frames=frame), _report(2, "1", slowest_frames=more)]
-    (found,) = report_view.diverging(ranks)
-    view = report_view.job(ranks)
-    assert found["what"] == "compiles" and not view["healthy"]
-    assert any("ranks diverge" in flag for flag in view["red_flags"])
+    (found,) = view.diverging(ranks)
+    job = view.job(ranks)
+    assert found["what"] == "compiles" and not job["healthy"]
+    assert any("ranks diverge" in flag for flag in job["red_flags"])
 
 
 def test_the_slowest_frames_show_backward_time() -> None:
     frame = [{"where": "f (/a.py:3)", "compiles": 1, "seconds": 5.0, "forward_seconds": 1.0,
               "backward_seconds": 4.0}]
     reports = [_report(1, "0", slowest_frames=frame)]
-    text = "\n".join(report_view.render(report_view.job(reports), reports))
+    text = "\n".join(view.render(view.job(reports), reports))
     assert "5.00 s x1" in text and "(backward 4.00 s)" in text
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, Venv, clean_env, make_venv, new_venv
 
 import _rocm_autopatch_start
-from rocm_autopatch import profiles
+from rocm_autopatch.config import profiles
 
 OURS = "sorted(m for m in sys.modules if m.startswith(('rocm_autopatch', '_rocm_autopatch')))"
 
@@ -89,7 +89,7 @@ def test_force_applies_safe_core_in_every_thread(torch_venv: Venv) -> None:
     out = torch_venv.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
     assert out["main"] == SAFE_CORE
     assert out["thread"] == SAFE_CORE
-    assert out["guard"] == "compile_guard.py"
+    assert out["guard"] == "compile_options.py"
 
 
 @pytest.mark.parametrize("value", ["0", "OFF", "false", "No"])
@@ -117,9 +117,11 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["finders"][1:] == without["finders"]
     # Deciding loads these few; the profiles, logging and fixes are never loaded here.
     assert with_package["ours"] == ["_rocm_autopatch_start", "rocm_autopatch",
-                                    "rocm_autopatch.bootstrap", "rocm_autopatch.hooks",
-                                    "rocm_autopatch.importhook", "rocm_autopatch.probe",
-                                    "rocm_autopatch.record"]
+                                    "rocm_autopatch.probe", "rocm_autopatch.reporting",
+                                    "rocm_autopatch.reporting.record", "rocm_autopatch.startup",
+                                    "rocm_autopatch.startup.bootstrap",
+                                    "rocm_autopatch.startup.post_import",
+                                    "rocm_autopatch.startup.wiring"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "force"])
@@ -150,7 +152,7 @@ def test_python_S_runs_untouched(torch_venv: Venv) -> None:
 
 def test_python_I_still_gets_the_hook(torch_venv: Venv) -> None:
     out = torch_venv.json(APPLIED, flags=["-I"], env={"ROCM_AUTOPATCH": "force"})
-    assert out["main"] == SAFE_CORE and out["guard"] == "compile_guard.py"
+    assert out["main"] == SAFE_CORE and out["guard"] == "compile_options.py"
 
 
 def test_torch_imported_by_an_earlier_pth(wheel: Path, torch_links: Path, torch_venv: Venv,
@@ -165,7 +167,7 @@ def test_torch_imported_by_an_earlier_pth(wheel: Path, torch_links: Path, torch_
     assert sorted(p.name for p in env.site.glob("*.pth")) == [
         "aaa_links.pth", "aab_imports_torch.pth", "rocm_autopatch.pth"]
     out = env.json(APPLIED, env={"ROCM_AUTOPATCH": "force"})
-    assert out["main"] == SAFE_CORE and out["guard"] == "compile_guard.py"
+    assert out["main"] == SAFE_CORE and out["guard"] == "compile_options.py"
 
 
 def test_two_threads_importing_torch_at_once(torch_venv: Venv) -> None:
@@ -186,7 +188,7 @@ print(json.dumps({"errors": r.errors, "keys": len(r.config),
                   "max_autotune": torch._inductor.config.max_autotune}))
 """
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
-    assert out == {"errors": [], "keys": len(profiles.keys("safe")), "guard": "compile_guard.py",
+    assert out == {"errors": [], "keys": len(profiles.keys("safe")), "guard": "compile_options.py",
                    "inner": "function", "max_autotune": False}
 
 
@@ -197,14 +199,14 @@ def test_idempotent_bootstrap_hooks_and_reload(torch_venv: Venv) -> None:
 import importlib, json, sys
 import _rocm_autopatch_start as s
 s.start(); s.start("test")
-import rocm_autopatch.bootstrap as b
+import rocm_autopatch.startup.bootstrap as b
 b.start("test"); b.activate()
 import torch, torch._inductor.config as ic, torch._dynamo.convert_frame as cf
 b.activate()
 finders = sys.meta_path.count(getattr(sys, "_rocm_autopatch", None))
 s = importlib.reload(s); s.start()
 finders += sys.meta_path.count(getattr(sys, "_rocm_autopatch", None)) - 1
-import rocm_autopatch.hooks as hooks
+import rocm_autopatch.startup.wiring as hooks
 hooks.on_torch(torch); hooks.on_inductor_config(ic)   # hooks firing twice change nothing
 cf = importlib.reload(cf)
 print(json.dumps({"finders": finders, "max_autotune": ic.max_autotune,
@@ -242,7 +244,7 @@ if __name__ == "__main__":
                           env=clean_env(ROCM_AUTOPATCH="force"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
-    assert out == {"child": [False, "ATEN", 128, "compile_guard.py"], "exit": 0}
+    assert out == {"child": [False, "ATEN", 128, "compile_options.py"], "exit": 0}
 
 
 def test_pip_still_works_with_the_pth(torch_venv: Venv) -> None:
@@ -264,7 +266,7 @@ print(json.dumps({"close": torch.allclose(compiled(x), model(x), atol=1e-5),
                   "guard": torch.compile.__code__.co_filename.rsplit("/", 1)[-1]}))
 """
     assert torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"}) == {
-        "close": True, "guard": "compile_guard.py"}
+        "close": True, "guard": "compile_options.py"}
 
 
 def test_uninstall_removes_both_files(wheel: Path, tmp_path_factory) -> None:

@@ -87,7 +87,7 @@ def test_python_S_target_gets_the_package(torch_venv: Venv, project: Path) -> No
     assert direct.returncode != 0 and "No module named" in direct.stderr  # no site, no torch
     out = last_json(run(torch_venv, ["-S", "scripts/patched.py", "q"], launcher=True,
                         cwd=project))
-    assert out == {"guard": "compile_guard.py", "max_autotune": False, "backends": "ATEN",
+    assert out == {"guard": "compile_options.py", "max_autotune": False, "backends": "ATEN",
                    "no_site": 1, "profile": "safe", "argv": ["scripts/patched.py", "q"]}
 
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rocm_autopatch import overrides, probe
+from rocm_autopatch import probe
+from rocm_autopatch.config import overrides
 
 pytestmark = pytest.mark.fast  # in this process: pytest -m fast
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from rocm_autopatch import report_view
+from rocm_autopatch.reporting import view
 from rocm_autopatch.text import Verbatim, fit, keep
 
 pytestmark = pytest.mark.fast  # in this process: pytest -m fast
 
 
 def _report(where: str) -> dict:
-    return report_view.normalise({"schema": 2, "process": {"pid": 7, "rank": "0"},
+    return view.normalise({"schema": 2, "process": {"pid": 7, "rank": "0"},
                                   "compile": {"recompile_limit_hit": [{"where": where,
                                                                        "count": 2}]}})
 
@@ -21,7 +21,7 @@ def test_red_flag_keeps_its_phrase_and_path_whole_at_every_depth() -> None:
     for depth in range(1, 121):
         where = f"<lambda> (/{'d' * depth}/job.py:30)"
         reports = [_report(where)]
-        (flag,) = report_view.red_flags(reports, mark=keep)
+        (flag,) = view.red_flags(reports, mark=keep)
         text = fit(f"! {flag}")
         lines = text.splitlines()
         assert any("hit the recompile limit" in line for line in lines), (depth, text)
@@ -29,7 +29,7 @@ def test_red_flag_keeps_its_phrase_and_path_whole_at_every_depth() -> None:
         # Only a line holding the unbreakable path may pass 80 columns.
         assert all(len(line) <= 80 or where in line for line in lines), (depth, text)
         # What --json carries is plain text: no no-break spaces.
-        (plain,) = report_view.red_flags(reports)
+        (plain,) = view.red_flags(reports)
         assert "\u00a0" not in plain and "hit the recompile limit" in plain
 
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import Any, Dict
 
-from rocm_autopatch import settings
+from rocm_autopatch.config import settings
 from rocm_autopatch.sentinel import bisect
 
 
@@ -34,7 +34,7 @@ def start(folder: str, limit: float) -> Dict[str, Any]:
         return {"status": "started by another process", "log": os.path.join(folder, bisect.LOG)}
     except OSError as exc:
         return {"status": f"not started: {exc}"}
-    env = dict(os.environ)
+    env = settings.environment()
     # The bisection compiles nothing itself, and must not be watched or patched again.
     env.update({settings.MODE: "0", settings.VERIFY: "0", settings.REPORT: ""})
     nice = shutil.which("nice")

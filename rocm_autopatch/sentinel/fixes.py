@@ -27,7 +27,8 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional
 
-from rocm_autopatch import files, log, probe, settings
+from rocm_autopatch import files, log, patching, probe
+from rocm_autopatch.config import settings
 
 STORE_VERSION = 1
 
@@ -35,7 +36,7 @@ STORE_VERSION = 1
 def path() -> Optional[str]:
     """The store's file; None when ``ROCM_AUTOPATCH_FIXES=off``."""
     given = log.path_setting(settings.FIXES)
-    return log.user_cache("fixes.json") if given == "" else given
+    return settings.user_cache("fixes.json") if given == "" else given
 
 
 def here() -> Dict[str, Any]:
@@ -197,7 +198,6 @@ def _skip(change: Dict[str, Any]) -> Iterator[None]:
 
     backend, subsystem, target = change["backend"], change["subsystem"], change.get("target")
     original = CompilerBisector.__dict__["disable_subsystem"]
-
     family = _family(target) if subsystem == "lowerings" and target else None
 
     def disable_subsystem(cls: Any, name: str, system: str, debug_info: Any = None) -> bool:
@@ -207,11 +207,9 @@ def _skip(change: Dict[str, Any]) -> Iterator[None]:
             return True
         return original.__func__(cls, name, system, debug_info)
 
-    CompilerBisector.disable_subsystem = classmethod(disable_subsystem)  # type: ignore
-    try:
+    with patching.swapped(CompilerBisector, "disable_subsystem",
+                          classmethod(disable_subsystem)):
         yield
-    finally:
-        CompilerBisector.disable_subsystem = original  # type: ignore[method-assign]
 
 
 def _family(node: str) -> re.Pattern[str]:
@@ -291,26 +289,15 @@ def _env(change: Dict[str, Any]) -> Iterator[None]:
     compile are built here (compile_threads=1), not in workers started with the old value."""
     import torch._inductor.config as inductor_config
 
-    name, before = change["name"], os.environ.get(change["name"])
-    os.environ[name] = str(change["value"])
-    try:
-        with inductor_config.patch(compile_threads=1):
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+    with settings.exported(change["name"], str(change["value"])), \
+            inductor_config.patch(compile_threads=1):
+        yield
 
 
 @contextlib.contextmanager
 def _index64() -> Iterator[None]:
     from torch._inductor.codegen.simd import SIMDScheduling
 
-    original = SIMDScheduling.__dict__["can_use_32bit_indexing"]
-    SIMDScheduling.can_use_32bit_indexing = staticmethod(  # type: ignore[method-assign]
-        lambda *args, **kwargs: False)
-    try:
+    with patching.swapped(SIMDScheduling, "can_use_32bit_indexing",
+                          staticmethod(lambda *args, **kwargs: False)):
         yield
-    finally:
-        SIMDScheduling.can_use_32bit_indexing = original  # type: ignore[method-assign]

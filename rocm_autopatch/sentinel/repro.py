@@ -23,6 +23,7 @@ Writing never raises into the program: a directory that cannot be written is one
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -33,84 +34,28 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from rocm_autopatch import log, probe, record, settings
-from rocm_autopatch.sentinel import judge
+from rocm_autopatch import log, probe
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import record
+from rocm_autopatch.sentinel import judge, repro_runner
 
 SAVE_BYTES = 64 * 2**20  # inputs saved up to this total; above, regenerated from a seed
 
-RUNNER = r'''
+MARKER = "# ---- copied into repro.py from here"
 
-# ---- rocm-autopatch: compiled, eager and float64 on these inputs; exit 1 if it reproduces
-if __name__ == "__main__":
-    import ast, json, math, os, sys
-    from torch._dynamo.debug_utils import InputReader
-    from torch._dynamo.utils import same
-    from torch.utils._pytree import tree_flatten
 
-    for item in sys.argv[1:]:  # Inductor settings to try: python repro.py max_autotune=False
-        key, _, value = item.partition("=")
-        *parents, last = key.split(".")
-        owner = torch._inductor.config
-        for name in parents:
-            owner = getattr(owner, name)
-        setattr(owner, last, ast.literal_eval(value))
-    here = os.path.dirname(os.path.abspath(__file__))
-    saved = os.path.join(here, "inputs")
-    torch.manual_seed(0)  # inputs not saved are drawn again from this seed
-    reader = InputReader(saved if os.path.isdir(saved) else None)
-    load_args(reader)
-    args = reader.args
-    stats = os.path.join(here, "inputs.json")
-    if not os.path.isdir(saved) and os.path.isfile(stats):
-        # Drawn again at the scale the program's inputs had (randn weights would overflow)
-        with open(stats) as fh, torch.no_grad():
-            for x, s in zip(args, json.load(fh)):
-                if s and s["kind"] == "float":
-                    x.normal_(s["mean"], s["std"])
-                elif s and s["kind"] == "int":
-                    x.random_(s["low"], s["high"] + 1)
-
-    def run(m, xs):
-        with torch.no_grad():
-            return tree_flatten(m(*[x.clone() if isinstance(x, torch.Tensor) else x
-                                    for x in xs]))[0]
-
-    def up(x):
-        return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-
-    eager = run(mod, args)
-    compiled = run(torch.compile(mod, fullgraph=True), args)
-    ref = run(Repro().double(), [up(x) for x in args])
-    torch_ok = same(eager, compiled, ref, tol=1e-3, equal_nan=True)
-    worst, systematic = 0.0, False
-    for e, c, r in zip(eager, compiled, ref):
-        if not (isinstance(c, torch.Tensor) and c.is_floating_point()):
-            continue
-        worst = max(worst, float((c.double() - e.double()).abs().nan_to_num(math.inf).max()))
-        keep = torch.isfinite(r) & torch.isfinite(c.double()) & torch.isfinite(e.double())
-        if int(keep.sum()) >= @MIN_ELEMENTS@:  # the sentinel's systematic rule (docs/rules.md)
-            info = torch.finfo(c.dtype)
-            f = r[keep]
-            unit = info.eps * max(float(f.pow(2).mean().sqrt()), info.tiny)  # rounding unit
-            rc = float((c.double()[keep] - f).pow(2).mean().sqrt()) / unit
-            re = float((e.double()[keep] - f).pow(2).mean().sqrt()) / unit
-            low = c.dtype in (torch.float16, torch.bfloat16) and f.numel() >= @LOW_ELEMENTS@
-            systematic |= rc > max(@FLOOR@, re * (@RATIO_LOW@ if low else @RATIO@))
-    wrong = not torch_ok or systematic
-    print(("REPRODUCED: the compiled graph differs from eager" if wrong else
-           "not reproduced: compiled matches eager") +
-          f" (largest difference {worst:.3g}; torch's criterion "
-          f"{'failed' if not torch_ok else 'passed'}"
-          f"{'; compiled error against float64 above eager' if systematic else ''})")
-    sys.exit(1 if wrong else 0)
-'''
-# The runner judges as the sentinel does (a floor of half a rounding unit keeps float32 noise,
-# where eager happens to round exactly, from reproducing).
-for _key, _value in (("@MIN_ELEMENTS@", judge.MIN_ELEMENTS),
-                     ("@LOW_ELEMENTS@", judge.LOW_PRECISION_ELEMENTS),
-                     ("@FLOOR@", judge.SYSTEMATIC_FLOOR), ("@RATIO@", judge.SYSTEMATIC_RATIO),
-                     ("@RATIO_LOW@", judge.SYSTEMATIC_RATIO_LOW)):
-    RUNNER = RUNNER.replace(_key, repr(_value))
+def runner() -> str:
+    """The end of every repro.py: ``repro_runner``'s code, then its call with the judge's
+    thresholds (a floor of half a rounding unit keeps float32 noise, where eager happens to
+    round exactly, from reproducing)."""
+    source = inspect.getsource(repro_runner)
+    limits = {"min_elements": judge.MIN_ELEMENTS, "low_elements": judge.LOW_PRECISION_ELEMENTS,
+              "floor": judge.SYSTEMATIC_FLOOR, "ratio": judge.SYSTEMATIC_RATIO,
+              "ratio_low": judge.SYSTEMATIC_RATIO_LOW}
+    return ("\n\n# ---- rocm-autopatch: compiled, eager and float64 on these inputs; exit 1 "
+            "if it reproduces\n" + source[source.index(MARKER):] +
+            "\n\nif __name__ == \"__main__\":\n"
+            f"    main(torch, mod, Repro, load_args, __file__, sys.argv[1:], {limits!r})\n")
 
 
 def root() -> Optional[str]:
@@ -118,10 +63,10 @@ def root() -> Optional[str]:
     given = log.path_setting(settings.VERIFY_DIR)
     if given != "":
         return given
-    report = os.environ.get(settings.REPORT, "").strip()
+    report = (settings.raw(settings.REPORT) or "").strip()
     if report:
         return os.path.join(os.path.dirname(os.path.abspath(report)), "rocm-autopatch-repros")
-    return log.user_cache("repros")
+    return settings.user_cache("repros")
 
 
 def fingerprint(gm: Any) -> str:
@@ -202,8 +147,6 @@ def _scale(x: Any) -> Optional[Dict[str, Any]]:
 
 
 def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None:
-    import inspect
-
     from torch._dynamo.repro.after_aot import generate_compiler_repro_string
 
     size = sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
@@ -232,7 +175,7 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
               "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
               'it reproduces (needs torch only). env.json: the environment."""\n')
     with open(os.path.join(where, "repro.py"), "w") as fh:
-        fh.write(header + note + body + RUNNER)
+        fh.write(header + note + body + runner())
     device = next((x.device.type for x in inputs if isinstance(x, torch.Tensor)), None)
     with open(os.path.join(where, "env.json"), "w") as fh:
         json.dump({**_environment(entry), "device": device}, fh, indent=1, default=str)

@@ -4,7 +4,7 @@ time limit, with the bisector's state and the change to try, and its verdict.
 Each step is an interpreter of its own: torch's compiler keeps global state (lowerings
 registered, tables cached) that one step must not hand the next. For a GPU graph it is a
 fresh interpreter. For a CPU graph it is a fork of one interpreter that has imported torch
-and its compiler and nothing else (``SERVER``): the import is most of a step's time there
+and its compiler and nothing else (``step_server``): the import is most of a step's time there
 (a step of the README demo's graph: 8.4 s fresh, 3.7 s forked, on a 2-core CPU), and
 forking after ``import torch`` is what torch's own DataLoader workers do. A GPU build is
 not forked: a device runtime initialised before a fork is unusable in the child, and which
@@ -24,6 +24,8 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from rocm_autopatch.config import settings
+
 STEP_SECONDS = 600.0  # one run of the repro (a compile)
 
 # Caches keyed on the graph and settings, not on the bisector's state or the change tried,
@@ -37,89 +39,8 @@ GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD
                     "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO": "0",
                     "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0"}
 
-# A step reads the bisector's state from the directory the bisecting process writes it to
-# (torch reads it from its Inductor cache directory, which a repro sets to the program's),
-# and applies a change that is not an Inductor setting (those go on repro.py's command line,
-# after the settings the repro makes itself), then runs the repro.
-BOOT = """\
-import json, os, runpy, sys
-state = os.environ.pop("ROCM_AUTOPATCH_BISECT_STATE", "")
-if state:
-    from torch._inductor import compiler_bisector as cb
-    cb.CompilerBisector.in_process_cache = state
-    cb.CompilerBisector.bisection_enabled = cb.get_is_bisection_enabled()
-name = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_NAME", "null"))
-if name:
-    from rocm_autopatch.sentinel import naming
-    naming.install(**name)
-change = json.loads(os.environ.pop("ROCM_AUTOPATCH_BISECT_CHANGE", "null"))
-if change:
-    from rocm_autopatch.sentinel import fixes
-    applied = fixes.applied({"change": change})  # held: collected, it would undo itself
-    applied.__enter__()
-path = sys.argv[1]
-sys.argv = sys.argv[1:]
-runpy.run_path(path, run_name="__main__")
-"""
-
-# The warm interpreter of a CPU graph's steps: one request a line on stdin ({"env", "argv",
-# "cwd", "output", "timeout"}), one answer a line on stdout ({"rc"}: None when it timed out).
-# Each step runs in a forked child in a session of its own; what the child leaves running
-# (Inductor's compile workers) goes with it.
-SERVER = """\
-import json, os, signal, sys, time, traceback
-for name in ("torch", "torch._dynamo", "torch._functorch.aot_autograd",
-             "torch._inductor.compile_fx", "torch._inductor.lowering",
-             "torch._inductor.compiler_bisector"):
-    try:
-        __import__(name)
-    except Exception:
-        pass
-BOOT = sys.argv[1]
-for line in sys.stdin:
-    ask = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setsid()
-            out = os.open(ask["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.dup2(out, 1)
-            os.dup2(out, 2)
-            os.environ.update(ask["env"])
-            os.chdir(ask["cwd"])
-            sys.argv = ["-c", *ask["argv"]]
-            try:
-                exec(compile(BOOT, "<bisect step>", "exec"), {"__name__": "__main__"})
-                code = 0
-            except SystemExit as done:
-                if isinstance(done.code, int) or done.code is None:
-                    code = done.code or 0
-                else:
-                    print(done.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    deadline = time.monotonic() + ask["timeout"]
-    rc = None
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            rc = os.waitstatus_to_exitcode(status)
-            break
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if rc is None:
-        os.waitpid(pid, 0)
-    sys.stdout.write(json.dumps({"rc": rc}) + "\\n")
-    sys.stdout.flush()
-"""
+CHILD = "rocm_autopatch.sentinel.step_child"  # one step, in a fresh interpreter (-m)
+SERVER = "rocm_autopatch.sentinel.step_server"  # the warm interpreter of a CPU graph (-m)
 
 VERDICTS = ("REPRODUCED", "not reproduced")  # how repro.py's runner ends (repro.RUNNER)
 
@@ -158,14 +79,14 @@ class Runner:
             raise OutOfTime()
         self.steps += 1
         self.say(f"rocm-autopatch bisect: step {self.steps} ({self.elapsed():.0f} s): {what}")
-        step = {"ROCM_AUTOPATCH_BISECT_STATE": bisector}
+        step = {settings.BISECT_STATE: bisector}
         argv = [self.repro]
         if name:
-            step["ROCM_AUTOPATCH_BISECT_NAME"] = json.dumps(name)
+            step[settings.BISECT_NAME] = json.dumps(name)
         if change and change["kind"] == "config":
             argv.append(f"{change['key']}={change['value']!r}")
         elif change:
-            step["ROCM_AUTOPATCH_BISECT_CHANGE"] = json.dumps(change)
+            step[settings.BISECT_CHANGE] = json.dumps(change)
         if change and change["kind"] == "env":
             # Triton's key need not know the variable: its kernels are built afresh.
             step["TRITON_CACHE_DIR"] = tempfile.mkdtemp(dir=self.state)
@@ -182,14 +103,12 @@ class Runner:
         return rc == 0
 
     def _base_env(self) -> Dict[str, str]:
-        env = dict(os.environ)
-        env.update({"ROCM_AUTOPATCH": "0", "PYTHONDONTWRITEBYTECODE": "1", **GRAPH_CACHES_OFF,
-                    "TORCHINDUCTOR_CACHE_DIR": self.kernels})
-        return env
+        return settings.environment(ROCM_AUTOPATCH="0", PYTHONDONTWRITEBYTECODE="1",
+                                    **GRAPH_CACHES_OFF, TORCHINDUCTOR_CACHE_DIR=self.kernels)
 
     def _fresh(self, step: Dict[str, str], argv: List[str], timeout: float) -> tuple:
         try:
-            proc = subprocess.run([sys.executable, "-c", BOOT, *argv],
+            proc = subprocess.run([sys.executable, "-m", CHILD, *argv],
                                   env={**self._base_env(), **step}, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, cwd=os.path.dirname(self.repro),
                                   timeout=timeout)
@@ -205,7 +124,7 @@ class Runner:
         try:
             if self.server is None:
                 self.server = subprocess.Popen(
-                    [sys.executable, "-c", SERVER, BOOT], env=self._base_env(),
+                    [sys.executable, "-m", SERVER], env=self._base_env(),
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                     cwd=os.path.dirname(self.repro), start_new_session=True)
             assert self.server.stdin is not None and self.server.stdout is not None

@@ -24,7 +24,7 @@ RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capt
 def _block():  # the selftest's reference transformer block (attention + MLP), fp16
     import torch
 
-    from rocm_autopatch.selftest import reference_block
+    from rocm_autopatch.cli.selftest import reference_block
 
     return reference_block("cuda", torch.half)
 
@@ -182,7 +182,7 @@ def old_rng_with_fix() -> Dict[str, Any]:
     """Pre-2.10 RNG behaviour with the fix as installed on torch < 2.10 (skip_rng=True)."""
     import torch._dynamo.convert_frame as cf
 
-    from rocm_autopatch import compile_frame
+    from rocm_autopatch.guards import compile_frame
 
     _raise_rng_during_capture()
     import torch

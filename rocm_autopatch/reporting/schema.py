@@ -1,5 +1,5 @@
-"""The compile report's schema, declared once: what ``compile_report`` writes and what the
-job view (``report_view``) reads, each field with its kind.
+"""The compile report's schema, declared once: what ``collector`` writes and what the job
+view (``view``) reads, each field with its kind.
 
 A reader takes every schema in ``READABLE``: a field that an older writer did not write is
 read as absent (unknown), never as zero.
@@ -7,7 +7,10 @@ read as absent (unknown), never as zero.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Dict, List, Tuple
+
+from rocm_autopatch.sentinel import graph_record
 
 SCHEMA = 4  # 4: verify graphs carry their coverage (VERIFY_GRAPH); 3: process.forked_from
 READABLE = (1, 2, 3, 4)  # 1: before graph breaks came from torch's log (no hints, no backward)
@@ -47,36 +50,24 @@ COMPILE: Dict[str, str] = {
 }
 
 
-# One graph of ``verify.graphs`` (the numerics sentinel), from schema 4 on.
+BOOL = "bool"
+
+
+def _kind_of(annotation: Any) -> str:
+    """A declared type -> its kind here: Optional[X] is X (absent reads as None)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        origin = typing.get_origin(annotation)
+    kind = origin or annotation
+    return {bool: BOOL, int: NUMBER, float: NUMBER, str: TEXT, dict: OBJECT, list: "list"}[kind]
+
+
+# One graph of ``verify.graphs`` (the numerics sentinel), from schema 4 on: generated from
+# the record's one declaration (sentinel/graph_record.py).
 VERIFY_GRAPH: Dict[str, str] = {
-    "graph": TEXT,  # Dynamo's compile id, "0/0"
-    "where": TEXT,  # the frame compiled (and the user's line that called into it)
-    "status": TEXT,  # sentinel.status
-    "reason": TEXT,  # why skipped or failed
-    "calls": NUMBER,  # calls run through the sentinel
-    "calls_checked": NUMBER,
-    "checked_because": OBJECT,  # {"first", "shape", "values", "sampled": count}
-    "shapes": OBJECT,  # {"dynamic", "seen", "checked"}
-    "values": OBJECT,  # {"largest_checked", "non_finite_checked", "inputs_followed"}
-    "period": NUMBER,  # sampled checks: every period-th call (0: none yet)
-    "values_stride": NUMBER,  # magnitudes are read every stride-th call
-    "sampled_calls": "list",  # the last sampled checks' call numbers
-    "budget_spent": NUMBER,  # checks beyond the first calls, as a share of the graph's time
-    "budget": NUMBER,  # ROCM_AUTOPATCH_VERIFY_BUDGET
-    "checks_skipped": NUMBER,  # checks due that could not run (memory...)
-    "skipped_reason": TEXT,  # the last one's reason
-    "unverified_calls": NUMBER,  # at a failure: calls since the last check that passed
-    "found_at_call": NUMBER,  # at a failure: the call whose check found it
-    "found_because": TEXT,  # why that call was checked: first, shape, values, sampled
-    "found_period": NUMBER,  # (sampled) the period in force then
-    "found_stride": NUMBER,  # (values) the stride of the magnitude read that found it
-    "backward": TEXT,
-    "mismatch": OBJECT,
-    "seconds": NUMBER,  # spent checking
-    "repro": TEXT,  # the repro directory of a graph found wrong ("" when none was written)
-    "healed": TEXT,  # the remembered fix it was compiled with (sentinel.fixes)
-    "bisect": OBJECT,  # the background bisection started at exit (fallback)
-}
+    name: _kind_of(hint)
+    for name, hint in typing.get_type_hints(graph_record.GraphRecord).items()}
 
 
 class ReportError(Exception):
@@ -87,6 +78,7 @@ def _kind(value: Any, kind: str, what: str) -> Any:
     if value is None:
         return None
     ok = {NUMBER: isinstance(value, (int, float)) and not isinstance(value, bool),
+          BOOL: isinstance(value, bool),
           TEXT: isinstance(value, str), OBJECT: isinstance(value, dict),
           "list": isinstance(value, list),
           LIST: isinstance(value, list) and all(isinstance(v, dict) for v in value),

@@ -12,14 +12,14 @@ a fresh one, before it is reported ``applied``.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch import profiles, record, settings
-from rocm_autopatch.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
+from rocm_autopatch.config import profiles, settings
+from rocm_autopatch.reporting import record
+from rocm_autopatch.reporting.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
 
 Warn = Callable[[Any, str], Any]
 _MISSING = object()
@@ -106,12 +106,13 @@ def _flag(var: str) -> bool:
 def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: str,
                  warn: Warn) -> None:
     for var in setting.env:
-        if var not in os.environ or before == wanted:
+        value = settings.raw(var)
+        if value is None or before == wanted:
             continue
         keep = settings.override_var(setting.key.split(".", 1)[1])
-        warn(("env", var), f"{var}={os.environ[var]} is set in this environment (container "
+        warn(("env", var), f"{var}={value} is set in this environment (container "
              f"images do this); the {profile} profile sets {setting.key}={wanted!r} instead: "
-             f"{setting.reason}. To keep it, set {keep}={os.environ[var]}.")
+             f"{setting.reason}. To keep it, set {keep}={value}.")
 
 
 def _condition_fails(setting: profiles.Setting, archs: Callable[[], List[str]]) -> str:
@@ -179,13 +180,13 @@ def apply(module: ModuleType, namespace: str, profile: str,
                                         wanted=setting.value, why=setting.reason,
                                         ref=setting.ref))
             continue
-        set_by = [v for v in setting.env if v in os.environ]
+        set_by = [v for v in setting.env if settings.raw(v) is not None]
         if setting.env_wins and set_by:
             wanted.pop(setting.key, None)
             var = set_by[0]
             changes.append(ConfigChange(setting.key, read(module, name), read(module, name),
                                         "environment", SKIPPED,
-                                        f"{var}={os.environ[var]} is set: your value is kept",
+                                        f"{var}={settings.raw(var)} is set: your value is kept",
                                         wanted=setting.value, why=setting.reason,
                                         ref=setting.ref))
             continue
@@ -193,7 +194,8 @@ def apply(module: ModuleType, namespace: str, profile: str,
     for short, (value, var) in overrides.items():
         key = prefix + short
         # The override's own record: its variable is its reason, the profile's rule is not.
-        why = f"{var}={os.environ.get(var, value)!r} in the environment (INDUCTOR_<KEY>)"
+        raw = settings.raw(var)
+        why = f"{var}={value if raw is None else raw!r} in the environment (INDUCTOR_<KEY>)"
         setting = profiles.Setting(key, value, why)
         wanted[key] = (setting, short, value, "override")
         changes = [c for c in changes if c.key != key]

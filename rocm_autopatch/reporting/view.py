@@ -15,16 +15,16 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch import compile_report, report_schema
+from rocm_autopatch.reporting import collector, schema
 from rocm_autopatch.sentinel import status
 from rocm_autopatch.text import Verbatim, keep
 
-ReportError = report_schema.ReportError
+ReportError = schema.ReportError
 
 
 def normalise(data: Any) -> Dict[str, Any]:
     """A report with every section the view reads present and of the right type."""
-    return report_schema.read(data, compile_report.ENV)
+    return schema.read(data, collector.ENV)
 
 
 def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -272,7 +272,7 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
         "graph_breaks": _recurring(reports, "graph_breaks", ("reason", "where")),
         "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
         "diverging": diverging(reports),
-        "slowest_frames": [{**f, "process": who} for f, who in slowest[:compile_report.TOP]],
+        "slowest_frames": [{**f, "process": who} for f, who in slowest[:collector.TOP]],
         "numerics": _graphs_not_passed(reports),
         "coverage": coverage(reports),
         "red_flags": flags,
@@ -314,7 +314,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                        f"{v.get('passed', 0)} passed, {v.get('failed', 0)} failed, "
                        f"{v.get('fell_back', 0)} fell back, {v.get('skipped', 0)} not "
                        "compared")
-        for e in view["numerics"][:compile_report.TOP]:
+        for e in view["numerics"][:collector.TOP]:
             out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
                        f"{e['reason']}")
             out.append(Verbatim(f"      {e['graph']}"))
@@ -329,7 +329,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
             out.append(f"  ... {len(view['coverage']) - COVERAGE_LINES} more graphs "
                        "(--json lists them all)")
     out += ["", "Graph breaks (most processes first; as torch logs them)"]
-    for e in view["graph_breaks"][:compile_report.TOP]:
+    for e in view["graph_breaks"][:collector.TOP]:
         out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}: {e['reason']}")
         out.append(Verbatim(f"      at {e['where']}"))
         if e.get("explanation"):
@@ -339,7 +339,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
     if not view["graph_breaks"]:
         out.append("  none")
     out += ["", "Recompiles (most processes first; the guards torch says failed)"]
-    for e in view["recompiles"][:compile_report.TOP]:
+    for e in view["recompiles"][:collector.TOP]:
         out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}:")
         out.append(Verbatim(f"      {e['where']}"))
         out += [f"      {line.strip()}" for line in str(e["reason"]).splitlines()[:6]]
@@ -347,7 +347,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
         out.append("  none")
     if sum(_rank(r) is not None for r in reports) > 1:
         out += ["", "Where ranks diverge (a rank that recompiles alone can hang collectives)"]
-        for d in view["diverging"][:compile_report.TOP]:
+        for d in view["diverging"][:collector.TOP]:
             if d["what"] == "recompile":
                 out.append(f"  recompiled in {', '.join(d['processes'])} only "
                            f"(not {', '.join(d['not_in'])}):")

@@ -102,7 +102,7 @@ def shim(dirs: Sequence[str]) -> str:
     # Expressions only: the shim must leave no names behind in __main__.
     return (f"[__import__('sys').path.append(d) for d in {list(dirs)!r} "
             "if d not in __import__('sys').path]; "
-            "__import__('rocm_autopatch.launcher').launcher.run_target()")
+            "__import__('rocm_autopatch.cli.launcher').cli.launcher.run_target()")
 
 
 def command(argv: Sequence[str]) -> List[str]:
@@ -122,10 +122,10 @@ def command(argv: Sequence[str]) -> List[str]:
 
 
 def main(argv: Sequence[str], profile: Optional[str]) -> NoReturn:
-    env = dict(os.environ)
-    if profile:
-        from rocm_autopatch import settings  # here: the target process imports this module
+    from rocm_autopatch.config import settings  # here: the target process imports this module
 
+    env = settings.environment()
+    if profile:
         env[settings.PROFILE] = profile
     new = command(argv)
     try:

@@ -22,7 +22,9 @@ import threading
 import time
 from typing import Any, Dict, List, Tuple
 
-from rocm_autopatch import frames, log, record, settings
+from rocm_autopatch import frames, log
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import record
 
 ENV = settings.WATCHDOG
 NAME = "compile_watchdog"

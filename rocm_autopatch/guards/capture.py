@@ -31,7 +31,9 @@ import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
-from rocm_autopatch import frames, log, patching, record, settings
+from rocm_autopatch import frames, log, patching
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import record
 
 ENV = settings.COMPILE_IN_CAPTURE
 POLICY = "capture_policy"
@@ -153,7 +155,6 @@ def install_capture_end_hook(torch: types.ModuleType) -> bool:
 def rng_untouched(torch: types.ModuleType) -> Iterator[None]:
     """For one compile inside capture: CUDA RNG state neither read nor written back."""
     cuda = torch.cuda
-    real_get, real_set = cuda.get_rng_state, cuda.set_rng_state
 
     def get_rng_state(device: Any = "cuda") -> Any:
         return torch.empty(0, dtype=torch.uint8)  # stands for "not saved"
@@ -161,11 +162,9 @@ def rng_untouched(torch: types.ModuleType) -> Iterator[None]:
     def set_rng_state(new_state: Any, device: Any = "cuda") -> None:
         return None
 
-    cuda.get_rng_state, cuda.set_rng_state = get_rng_state, set_rng_state
-    try:
+    with patching.swapped(cuda, "get_rng_state", get_rng_state), \
+            patching.swapped(cuda, "set_rng_state", set_rng_state):
         yield
-    finally:
-        cuda.get_rng_state, cuda.set_rng_state = real_get, real_set
 
 
 def clear_error(exc: BaseException) -> Optional[CompiledDuringCaptureError]:

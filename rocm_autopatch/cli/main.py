@@ -16,7 +16,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from _rocm_autopatch_start import say
-from rocm_autopatch import caches, profiles, settings
+from rocm_autopatch.config import caches, profiles, settings
 from rocm_autopatch.text import Verbatim, fit
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
@@ -86,10 +86,13 @@ def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
 
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
-        os.environ[settings.PROFILE] = profile  # this process only
-    from rocm_autopatch import bootstrap, installation, probe, record
+        settings.export(settings.PROFILE, profile)  # this process only
+    from rocm_autopatch import probe
+    from rocm_autopatch.cli import installation
+    from rocm_autopatch.reporting import record
+    from rocm_autopatch.startup import bootstrap
 
-    environ = dict(os.environ)  # as the shell set it: torch's import adds variables
+    environ = settings.environment()  # as the shell set it: torch's import adds some
     data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
     bootstrap.start("doctor")  # where the .pth already ran: recorded, nothing more
     try:
@@ -101,14 +104,14 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     _numerics_sentinel(record)
     data["install"]["activation"] = bootstrap.activation()
     data["install"]["mode"] = bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
-        os.environ.get(bootstrap.ENV_MODE, ""))
+        environ.get(bootstrap.ENV_MODE, ""))
     report = record.REPORT.to_dict()
     torch_module = sys.modules.get("torch")
     if report["platform"] == "unknown" and torch_module is not None:
         # The hooks did not run (ROCM_AUTOPATCH=0): the doctor still says what torch is.
         report.update(probe.torch_build(torch_module))
     if data["install"]["mode"] == "off":
-        report["reason"] = f"turned off by {bootstrap.ENV_MODE}={os.environ[bootstrap.ENV_MODE]}"
+        report["reason"] = f"turned off by {bootstrap.ENV_MODE}={environ[bootstrap.ENV_MODE]}"
     data["report"] = report
     data["gpus"] = probe.gpu_archs()
     data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
@@ -301,18 +304,18 @@ def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
 
 
 def _report(paths: Sequence[str], as_json: bool) -> int:
-    from rocm_autopatch import report_view
+    from rocm_autopatch.reporting import view
 
-    reports, problems = report_view.load(paths)
+    reports, problems = view.load(paths)
     for problem in problems:
         say(f"rocm-autopatch doctor: {problem}\n")
     if not reports:
         say(f"rocm-autopatch doctor: no readable compile report among {len(paths)} file(s)\n")
         return 2
-    view = report_view.job(reports, problems)
-    sys.stdout.write(json.dumps(view, indent=2) + "\n" if as_json else
-                     "\n".join(fit(line) for line in report_view.render(view, reports)) + "\n")
-    return 0 if view["healthy"] else 1
+    job = view.job(reports, problems)
+    sys.stdout.write(json.dumps(job, indent=2) + "\n" if as_json else
+                     "\n".join(fit(line) for line in view.render(job, reports)) + "\n")
+    return 0 if job["healthy"] else 1
 
 
 def _bisect(folder: str, limit: float, remember: bool, as_json: bool) -> int:
@@ -389,7 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as exc:
         return 2 if exc.code else 0
     if args.command == "run":
-        from rocm_autopatch import launcher
+        from rocm_autopatch.cli import launcher
 
         target = args.target[1:] if args.target[:1] == ["--"] else args.target
         try:
@@ -398,7 +401,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             say(f"rocm-autopatch run: {exc}\n")
             return 2
     if args.command == "selftest":
-        from rocm_autopatch import selftest as selftest_module
+        from rocm_autopatch.cli import selftest as selftest_module
 
         return selftest_module.main(args.json_path, args.only or list(selftest_module.CHECKS))
     if args.command == "bisect":

@@ -8,15 +8,14 @@ the running torch, never evaluated. Bad names and values warn once and are ignor
 
 from __future__ import annotations
 
-import os
 import types
 import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rocm_autopatch import config_applier
-from rocm_autopatch.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
-from rocm_autopatch.settings import override_var as var_name
+from rocm_autopatch.config import applier, settings
+from rocm_autopatch.config.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
+from rocm_autopatch.config.settings import override_var as var_name
 
 PREFIX = OVERRIDE_PREFIX
 # Seed 000's names whose key isn't simply the upper-cased name.
@@ -47,7 +46,7 @@ def env_names(keys: List[str]) -> Dict[str, str]:
 
 
 def key_type(module: ModuleType, key: str) -> Any:
-    found = config_applier.entry(module, key)
+    found = applier.entry(module, key)
     declared = getattr(found, "value_type", None)
     if declared is not None:
         return declared
@@ -130,7 +129,7 @@ def read(module: ModuleType, environ: Optional[Mapping[str, str]] = None,
 
     ``warn(key, message)`` is called once per bad variable; the variable is then ignored.
     """
-    environ = os.environ if environ is None else environ
+    environ = settings.environment() if environ is None else environ
     keys = config_keys(module)
     names = env_names(keys)
     found: Dict[str, Tuple[Any, str]] = {}

@@ -1,18 +1,24 @@
-"""The settings: every environment variable rocm-autopatch reads, declared once, typed.
+"""The settings: every environment variable rocm-autopatch reads, declared once, typed, and
+the one module of the package that reads or writes the process environment.
 
 Each ``Variable`` gives the name, what it accepts, its default, one line of meaning and
 where it applies. ``read`` parses the environment's value and never raises: a bad value
 gives the value to use instead and the one warning to say (``log.setting`` says it, once).
 The README's variables table is made from this table (``markdown``; a test keeps them in
 step) and the doctor lists the variables set from it. Stdlib only, and it imports nothing
-of the package: every other module may read a setting.
+of the package at import time: every other module may read a setting.
+
+Everything else that touches the environment goes through the functions at the end
+(``raw``, ``names``, ``environment``, ``export``, ``exported``, ``take``, ``user_cache``):
+ruff's banned-API rule (TID251 in ``pyproject.toml``) refuses ``os.environ`` elsewhere,
+but in the start-up trigger, which may import nothing of ours.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from _rocm_autopatch_start import AUTO_VALUES, ENV_MODE, FORCE_VALUES, OFF_VALUES
 from _rocm_autopatch_start import torch_autoload as torch_autoload  # torch's rule, re-exported
@@ -124,6 +130,15 @@ RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
 TORCH_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+XDG_CACHE = "XDG_CACHE_HOME"  # where the user's cache directory is (the XDG rule)
+# Internal: set by one of our processes for another, never by a user, never documented as
+# knobs. A bisection hands each step its state and the change to try; the first process of a
+# run that arms the compile report claims its path for the children it starts.
+BISECT_STATE = "ROCM_AUTOPATCH_BISECT_STATE"  # torch's CompilerBisector state, for a step
+BISECT_NAME = "ROCM_AUTOPATCH_BISECT_NAME"  # JSON: the application a step names (naming.py)
+BISECT_CHANGE = "ROCM_AUTOPATCH_BISECT_CHANGE"  # JSON: the change a step tries (fixes.py)
+REPORT_CLAIM = "_ROCM_AUTOPATCH_REPORT_CLAIM"  # "<pid> <path>": the report's first writer
+INTERNAL = (BISECT_STATE, BISECT_NAME, BISECT_CHANGE, REPORT_CLAIM)
 
 PROFILE_NAMES = ("safe", "perf")
 LEVEL_NAMES = ("debug", "info", "warning", "error", "off")
@@ -206,6 +221,7 @@ def override_var(key: str) -> str:
 BY_NAME: Dict[str, Variable] = {v.name: v for v in VARIABLES}
 # Ours to document (the README's table): every ROCM_AUTOPATCH_* variable.
 OURS = tuple(v for v in VARIABLES if v.name.startswith(MODE))
+assert not set(INTERNAL) & set(BY_NAME), "an internal variable is not a user's knob"
 
 
 class Reading(NamedTuple):
@@ -237,3 +253,53 @@ def markdown() -> str:
     rows.append(f"| `{OVERRIDE_PREFIX}<KEY>` | by the key's type | set any Inductor config "
                 f"key; `{KEEP_TUNING}=1` also keeps autotuning asked for in code |")
     return "\n".join(rows)
+
+
+# ---- the process environment: read and written here only --------------------------------
+
+def raw(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``name`` as set (unparsed: another tool's variable, or a value passed through);
+    None when unset."""
+    return (os.environ if environ is None else environ).get(name)
+
+
+def names(prefix: str = "", suffix: str = "",
+          environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The variables set that start with ``prefix`` and end with ``suffix``, sorted."""
+    return sorted(v for v in (os.environ if environ is None else environ)
+                  if v.startswith(prefix) and v.endswith(suffix))
+
+
+def environment(**extra: str) -> Dict[str, str]:
+    """A copy of this process's environment with ``extra`` set: for a child process, or to
+    audit the environment as the shell set it (torch's import adds variables)."""
+    return {**os.environ, **extra}
+
+
+def export(name: str, value: str, keep: bool = False) -> str:
+    """Set ``name`` for this process and the children it starts (``keep``: unless already
+    set); the value in force."""
+    if keep:
+        return os.environ.setdefault(name, value)
+    os.environ[name] = value
+    return value
+
+
+def exported(name: str, value: str) -> ContextManager[Any]:
+    """``name`` set to ``value`` for the time of a ``with`` block, then as it was."""
+    from rocm_autopatch import patching
+
+    return patching.swapped(os.environ, name, value, item=True)
+
+
+def take(name: str) -> str:
+    """``name``'s value, removed from the environment ("" when unset): what a parent handed
+    this process alone, which the processes this one starts must not inherit."""
+    return os.environ.pop(name, "")
+
+
+def user_cache(*parts: str) -> str:
+    """A path under the user's cache directory: ``$XDG_CACHE_HOME/rocm-autopatch`` (else
+    ``~/.cache/rocm-autopatch``)."""
+    cache = raw(XDG_CACHE) or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "rocm-autopatch", *parts)

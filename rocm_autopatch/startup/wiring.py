@@ -9,14 +9,15 @@ imported early. Each is idempotent.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from types import ModuleType
 from typing import Optional, Set, Tuple
 
 # Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
-from rocm_autopatch import bootstrap, importhook, probe, record
+from rocm_autopatch import probe
+from rocm_autopatch.reporting import record
+from rocm_autopatch.startup import bootstrap, post_import
 
 _lock = threading.RLock()
 _decided = False
@@ -43,21 +44,22 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
             report.active = False
             report.reason = (f"torch {report.torch_version} is a {report.platform} build; "
                              "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
-            importhook.deactivate(bootstrap.finder)
+            post_import.deactivate(bootstrap.finder)
             return False
-        from rocm_autopatch import log, settings
+        from rocm_autopatch import log
+        from rocm_autopatch.config import settings
 
         report.active = True
         report.profile = log.setting(settings.PROFILE)
         report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
                          else f"ROCm build (HIP {report.hip_version})")
         if log.setting(settings.REPORT).strip():  # unset: not even loaded
-            from rocm_autopatch import compile_report
+            from rocm_autopatch.reporting import collector
 
-            compile_report.arm()
-        if settings.CACHE in os.environ or any(v.endswith("FORCE_DISABLE_CACHES")
-                                               for v in os.environ):
-            from rocm_autopatch import caches  # unset: not even loaded
+            collector.arm()
+        if settings.raw(settings.CACHE) is not None or settings.names(
+                suffix="FORCE_DISABLE_CACHES"):
+            from rocm_autopatch.config import caches  # unset: not even loaded
 
             caches.install(torch)
         return True
@@ -65,12 +67,12 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
 
 def on_torch(torch: ModuleType) -> Optional[str]:
     if getattr(torch, "version", None) is None or "compile" not in vars(torch):
-        return importhook.LATER  # its body has not run yet (importlib.util.LazyLoader)
+        return post_import.LATER  # its body has not run yet (importlib.util.LazyLoader)
     if not decide(torch):
         return None
-    from rocm_autopatch import compile_guard
+    from rocm_autopatch.guards import compile_options
 
-    compile_guard.install(torch)
+    compile_options.install(torch)
     return None
 
 
@@ -83,18 +85,18 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import config_applier, log, settings
+    from rocm_autopatch import log
+    from rocm_autopatch.config import applier, settings
 
     profile = record.REPORT.profile
     found = {}
     # Only when such a variable is set: no overrides module and no naming of all ~600 keys
     # (~1 ms) on every other start.
-    if namespace == "inductor" and any(v.startswith(settings.OVERRIDE_PREFIX)
-                                       for v in os.environ):
-        from rocm_autopatch import overrides
+    if namespace == "inductor" and settings.names(prefix=settings.OVERRIDE_PREFIX):
+        from rocm_autopatch.config import overrides
 
         found = overrides.read(module, warn=log.warn_once)
-    changes = config_applier.apply(module, namespace, profile, found, log.warn_once)
+    changes = applier.apply(module, namespace, profile, found, log.warn_once)
     logger = log.get_logger()
     for change in changes:
         logger.debug("%s: %r -> %r (%s, %s%s)", change.key, change.before, change.after,
@@ -123,7 +125,7 @@ def on_dynamo_config(module: ModuleType) -> None:
 def on_convert_frame(module: ModuleType) -> None:
     if not decide():
         return
-    from rocm_autopatch import compile_frame
+    from rocm_autopatch.guards import compile_frame
 
     compile_frame.install(module)
 
@@ -133,10 +135,11 @@ def on_compile_fx(module: ModuleType) -> None:
     """The numerics sentinel; unset or off, not even its package is imported."""
     if not decide():
         return
-    from rocm_autopatch import log, settings
+    from rocm_autopatch import log
+    from rocm_autopatch.config import settings
 
     if log.setting(settings.VERIFY) == "off":
         return
-    from rocm_autopatch.sentinel import hook
+    from rocm_autopatch.sentinel import watch
 
-    hook.install(module)
+    watch.install(module)

@@ -7,7 +7,6 @@ happens in ``hooks`` as each torch module finishes importing.
 """
 
 import _thread  # not threading: this can run during start-up, before threading is loaded
-import os
 import sys
 
 import _rocm_autopatch_start
@@ -17,15 +16,15 @@ TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations below are st
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from rocm_autopatch.importhook import PostImportFinder
+    from rocm_autopatch.startup.post_import import PostImportFinder
 
 # Module imported by the program -> our callbacks, imported only when the module is.
 HOOKS = {
-    "torch": ("rocm_autopatch.hooks:on_torch",),
-    "torch._dynamo.config": ("rocm_autopatch.hooks:on_dynamo_config",),
-    "torch._inductor.config": ("rocm_autopatch.hooks:on_inductor_config",),
-    "torch._dynamo.convert_frame": ("rocm_autopatch.hooks:on_convert_frame",),
-    "torch._inductor.compile_fx": ("rocm_autopatch.hooks:on_compile_fx",),
+    "torch": ("rocm_autopatch.startup.wiring:on_torch",),
+    "torch._dynamo.config": ("rocm_autopatch.startup.wiring:on_dynamo_config",),
+    "torch._inductor.config": ("rocm_autopatch.startup.wiring:on_inductor_config",),
+    "torch._dynamo.convert_frame": ("rocm_autopatch.startup.wiring:on_convert_frame",),
+    "torch._inductor.compile_fx": ("rocm_autopatch.startup.wiring:on_compile_fx",),
 }
 
 _lock = _thread.allocate_lock()
@@ -42,7 +41,7 @@ def parse_mode(raw: str) -> str:
     for mode, words in (("off", OFF_VALUES), ("force", FORCE_VALUES), ("auto", AUTO_VALUES)):
         if value in words:
             return mode
-    from rocm_autopatch import settings
+    from rocm_autopatch.config import settings
 
     found = settings.read(ENV_MODE, {ENV_MODE: raw})
     if found.problem:
@@ -57,12 +56,12 @@ def activate() -> "Optional[PostImportFinder]":
         if started:
             return finder
         started = True
-        mode = parse_mode(os.environ.get(ENV_MODE, ""))
+        mode = parse_mode(_rocm_autopatch_start.mode_text())
         if mode == "off":
             return None
-        from rocm_autopatch import importhook
+        from rocm_autopatch.startup import post_import
 
-        finder = importhook.PostImportFinder(HOOKS)
+        finder = post_import.PostImportFinder(HOOKS)
     finder.fire_already_imported()
     return finder
 

@@ -29,7 +29,9 @@ import threading
 from types import ModuleType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from rocm_autopatch import frames, log, patching, profiles, record, settings
+from rocm_autopatch import frames, log, patching
+from rocm_autopatch.config import profiles, settings
+from rocm_autopatch.reporting import record
 
 ENV_ALLOW_GRAPHS = settings.ALLOW_GRAPHS
 ENV_KEEP_TUNING = settings.KEEP_TUNING
@@ -72,7 +74,7 @@ def graphs_allowed() -> bool:
 def tuning_kept() -> bool:
     """``INDUCTOR_MAX_AUTOTUNE`` as the override applier read it (typed by torch's config,
     warned about there): true where it set ``inductor.max_autotune`` to a true value."""
-    if "torch._inductor.config" not in sys.modules and ENV_KEEP_TUNING in os.environ:
+    if "torch._inductor.config" not in sys.modules and settings.raw(ENV_KEEP_TUNING) is not None:
         import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
     entry = record.REPORT.config_entry("inductor.max_autotune")
     return bool(entry is not None and entry.source == "override" and entry.wanted)

@@ -22,7 +22,9 @@ import types
 from time import perf_counter
 from typing import Any, Callable, Optional, Tuple
 
-from rocm_autopatch import capture, frames, patching, record, watchdog
+from rocm_autopatch import frames, patching
+from rocm_autopatch.guards import capture, watchdog
+from rocm_autopatch.reporting import record
 
 _lock = threading.Lock()
 _current = threading.local()

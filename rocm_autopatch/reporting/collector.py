@@ -47,22 +47,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import (
-    compile_frame,
-    files,
-    frames,
-    log,
-    patching,
-    record,
-    report_schema,
-    settings,
-)
+from rocm_autopatch import files, frames, log, patching
+from rocm_autopatch.config import settings
+from rocm_autopatch.guards import compile_frame
+from rocm_autopatch.reporting import record, schema
 
 ENV = settings.REPORT
-SCHEMA = report_schema.SCHEMA
+SCHEMA = schema.SCHEMA
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
 # "<pid> <path>" of the first process that armed the report, inherited by its children.
-_CLAIM = "_ROCM_AUTOPATCH_REPORT_CLAIM"
+_CLAIM = settings.REPORT_CLAIM
 LIMIT_ERRORS = ("RecompileLimitExceeded", "CacheLimitExceeded")
 LIMIT_MESSAGE = re.compile(r"(cache|recompile)[\w ]*limit (reached|exceeded)", re.IGNORECASE)
 TEXT_LIMIT = 2000  # characters kept of a reason torch states
@@ -396,7 +390,7 @@ class Collector:
         with record.LOCK:
             eager = dict(record.REPORT.eager_in_capture)
         section["eager_in_capture"] = {"total": sum(eager.values()), "frames": eager}
-        from rocm_autopatch import watchdog
+        from rocm_autopatch.guards import watchdog
 
         section["watchdog_warnings"] = list(watchdog.fired)
         section["cache"] = {
@@ -434,7 +428,7 @@ class Collector:
         extension where a parent process of this run armed the same path first."""
         pid = str(os.getpid())
         path = self.template.replace("{rank}", rank() or pid).replace("{pid}", pid)
-        claimer, _, claimed = os.environ.get(_CLAIM, "").partition(" ")
+        claimer, _, claimed = (settings.raw(_CLAIM) or "").partition(" ")
         if claimer and claimer != pid and claimed == path:  # a child would take its name
             path = _beside(path, pid)
         return path
@@ -516,7 +510,7 @@ class Collector:
 def _parent_in_run() -> Optional[int]:
     """The pid of the process of this run that armed the report first, where that is not
     this one (this one is its child: a fork, a multiprocessing worker); else None."""
-    claimer = os.environ.get(_CLAIM, "").partition(" ")[0]
+    claimer = (settings.raw(_CLAIM) or "").partition(" ")[0]
     return int(claimer) if claimer.isdigit() and int(claimer) != os.getpid() else None
 
 
@@ -629,7 +623,7 @@ def arm() -> Optional[Collector]:
         # Resolved now: a program that changes directory (Hydra does) keeps its report here.
         collector = Collector(os.path.abspath(os.path.expanduser(template)))
         record.COMPILE = collector
-    os.environ.setdefault(_CLAIM, f"{os.getpid()} {collector.path()}")
+    settings.export(_CLAIM, f"{os.getpid()} {collector.path()}", keep=True)
     atexit.register(collector.write)
     _write_at_multiprocessing_exit(collector)
     if hasattr(os, "register_at_fork"):

@@ -30,6 +30,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from _rocm_autopatch_start import say
+from rocm_autopatch.config import settings
 
 CHECKS = ("compile", "capture", "numerics")
 LIMIT_S = 240  # per check: the whole run stays within a few minutes
@@ -214,12 +215,12 @@ def machine_line(m: Dict[str, Any]) -> str:
 
 def _env(extra: Dict[str, str]) -> Dict[str, str]:
     # Applied whatever the build (on ROCm, force is what auto does): the JSON says so.
-    return {**os.environ, "ROCM_AUTOPATCH": "force", **extra}
+    return settings.environment(ROCM_AUTOPATCH="force", **extra)
 
 
 def run_check(name: str) -> Dict[str, Any]:
     start = time.perf_counter()
-    cmd = [sys.executable, "-c", f"from rocm_autopatch.selftest import child; child({name!r})"]
+    cmd = [sys.executable, "-c", f"from rocm_autopatch.cli.selftest import child; child({name!r})"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S,
                               env=_env(CHILD_ENV[name]))

@@ -26,7 +26,9 @@ import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-from rocm_autopatch import log, probe, record, settings
+from rocm_autopatch import log, probe
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import record
 
 NAME = "compile_cache"  # its entry in report().fixes
 FORCE_VARS = ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_FORCE_DISABLE_CACHES")
@@ -53,20 +55,20 @@ def install(torch: ModuleType) -> None:
         if root:
             _redirect(torch, root)
     except Exception as exc:  # noqa: BLE001 - the program goes on, with torch's defaults
-        log.hook_failed("torch", "rocm_autopatch.caches.install", exc)
+        log.hook_failed("torch", "rocm_autopatch.config.caches.install", exc)
 
 
 def forced_off(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """The variables set that turn every compile cache off (``1``, as torch reads them)."""
-    env = os.environ if environ is None else environ
-    return [f"{v}={env[v]}" for v in FORCE_VARS if env.get(v, "").strip() == "1"]
+    return [f"{v}={settings.raw(v, environ)}" for v in FORCE_VARS
+            if (settings.raw(v, environ) or "").strip() == "1"]
 
 
 def _flag_force() -> None:
     found = forced_off()
     if not found:
         return
-    if os.environ.get(KEEP_OFF, "").strip().lower() in settings.TRUE_WORDS:
+    if (settings.raw(KEEP_OFF) or "").strip().lower() in settings.TRUE_WORDS:
         record.fix(NAME, record.SKIPPED, f"{found[0]}: compile caches off, as {KEEP_OFF} "
                    "asks", FORCE_REF)
         return
@@ -80,7 +82,7 @@ def _flag_force() -> None:
 
 def _redirect(torch: ModuleType, root: str) -> None:
     where = os.path.join(os.path.abspath(os.path.expanduser(root)), key(torch))
-    theirs = [v for v in (TORCH_DIR, TRITON_DIR) if os.environ.get(v, "").strip()]
+    theirs = [v for v in (TORCH_DIR, TRITON_DIR) if (settings.raw(v) or "").strip()]
     try:
         for sub in ("inductor", "triton"):
             os.makedirs(os.path.join(where, sub), exist_ok=True)
@@ -96,7 +98,7 @@ def _redirect(torch: ModuleType, root: str) -> None:
     set_here = []
     for var, sub in ((TORCH_DIR, "inductor"), (TRITON_DIR, "triton")):
         if var not in theirs:
-            os.environ[var] = os.path.join(where, sub)
+            settings.export(var, os.path.join(where, sub))
             set_here.append(var)
     kept = f"; kept your {', '.join(theirs)}" if theirs else ""
     record.fix(NAME, record.APPLIED if set_here else record.SKIPPED,
@@ -108,7 +110,7 @@ def _redirect(torch: ModuleType, root: str) -> None:
 def where_now(environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Where torch's and Triton's caches go in this environment, and whether that is under
     a temporary directory (the doctor's line)."""
-    env = os.environ if environ is None else environ
+    env = settings.environment() if environ is None else environ
     user = env.get("USER") or env.get("LOGNAME") or "user"
     inductor = env.get(TORCH_DIR) or os.path.join(tempfile.gettempdir(),
                                                   f"torchinductor_{user}")

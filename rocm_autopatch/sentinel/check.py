@@ -1,0 +1,217 @@
+"""One call of a graph run checked: the steps in order, each able to end the check early.
+
+``Check.run`` reads as the sequence: analyse what the graph writes (once per shape), decide
+whether it can be compared at all, whether its references fit in memory, copy the state it
+writes, run it compiled, compute eager and float64, judge, then the backward pass. A step
+that cannot go on records why (the graph is skipped for good, or this one check is) and the
+call returns the compiled result; the program's call is never lost to a check.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+
+from rocm_autopatch.reporting import record
+from rocm_autopatch.sentinel import alarm, backward, judge, memory, numerics, schedule
+from rocm_autopatch.sentinel.status import FAILED, PASSED, PENDING, SKIPPED
+
+if TYPE_CHECKING:
+    from rocm_autopatch.sentinel.graph import Graph
+
+
+class Check:
+    """The state of one checked call, from its inputs to its verdict."""
+
+    def __init__(self, graph: Graph, args: Tuple[Any, ...], flat: List[Any], boxed: bool,
+                 why: str, res: Any) -> None:
+        self.graph = graph
+        self.args = args
+        self.boxed = boxed
+        self.why = why
+        self.res = res  # set: the call already ran, and wrote nothing
+        self.count = len(flat)
+        # From here, flat is the inputs followed by the tensors the graph holds itself.
+        held = numerics.held(graph.gm)
+        self.flat = flat + [held[name] for name in graph.names]
+        self.analysis: Any = None
+        self.device: Any = None
+        self.pre: Any = None  # the state the call writes, as it was before the call
+        self.values: Any = None  # the inputs' magnitudes now
+        self.call_seconds = 0.0
+        self.work_start = 0.0
+
+    def run(self) -> Any:
+        if (self.unanalysable() or self.not_comparable() or self.too_large()
+                or self.not_copied()):
+            return self.unchecked()
+        if self.wrote_unforeseen():
+            return self.res
+        compared = self.compare()
+        if compared is None:
+            return self.res
+        return self.verdict(*compared)
+
+    def unchecked(self) -> Any:
+        """This call's result, without a check."""
+        return self.graph.compiled(*self.args) if self.res is None else self.res
+
+    # ---- the steps, each True where the check ends there ---------------------------------
+
+    def unanalysable(self) -> bool:
+        """What the graph writes, from a run on fake tensors (once per shape)."""
+        graph = self.graph
+        signature = graph.schedule.signature(self.flat)
+        analysis = graph.analyses.get(signature)
+        if analysis is None:
+            analysis = numerics.analyse(graph.eager_run, self.flat)
+            if len(graph.analyses) < schedule.SHAPE_CAP:
+                graph.analyses[signature] = analysis
+        self.analysis = analysis
+        # The check's cost for the budget leaves out the analysis: it runs once per shape.
+        self.work_start = time.perf_counter()
+        if not analysis.error:
+            return False
+        reason = (f"not checked: the graph could not be run on fake tensors to see "
+                  f"what it writes ({analysis.error})")
+        if graph.schedule.checks:
+            graph.skip(reason)
+        else:
+            graph.finish(SKIPPED, reason)
+        return True
+
+    def not_comparable(self) -> bool:
+        """Random ops differ by design; effects (custom ops) must not run twice."""
+        analysis = self.analysis
+        if analysis.random:
+            self.graph.finish(SKIPPED, f"not compared: it calls random ops "
+                                       f"({', '.join(analysis.random)}), whose compiled and "
+                                       "eager results differ by design")
+            return True
+        if analysis.effects:
+            self.graph.finish(SKIPPED, f"not compared: it calls {', '.join(analysis.effects)}, "
+                                       "which torch cannot tell free of side effects (a custom "
+                                       "op may count, log or call a runtime): re-running it "
+                                       "would do that twice")
+            return True
+        return False
+
+    def too_large(self) -> bool:
+        """The budget is decided before anything is copied, from what the fake run saw."""
+        import torch
+
+        plan = self.graph.schedule
+        if plan.magnitudes is None:
+            plan.magnitudes = schedule.Magnitudes(
+                schedule.watched_inputs(self.flat, self.count, self.analysis.mutated))
+        need = numerics.reference_bytes(
+            self.analysis, numerics.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
+        self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)
+        room = memory.free_bytes(self.device) if self.device is not None else None
+        if room is None or need <= room * memory.SHARE:
+            return False
+        self.graph.skip(f"not checked: its eager and float64 references would need about "
+                        f"{need / 2**30:.2f} GiB, more than half of the "
+                        f"{room / 2**30:.2f} GiB free")
+        return True
+
+    def not_copied(self) -> bool:
+        """The magnitudes now, and a copy of the state the call writes."""
+        try:
+            self.values = self.graph.schedule.magnitudes.now(self.flat)
+            self.pre = numerics.Snapshot(self.flat, self.analysis.mutated)
+        except Exception as exc:  # noqa: BLE001 - out of memory, odd aliasing: not checked
+            self.graph.skip("not checked: the state it writes could not be copied "
+                            f"({type(exc).__name__}: {memory.first_line(exc)})")
+            memory.release()
+            return True
+        return False
+
+    def wrote_unforeseen(self) -> bool:
+        """Run the call compiled (timed alone), unless it already ran; True where it wrote an
+        input the analysis did not foresee (its copies would be wrong)."""
+        if self.res is not None:
+            return False
+        flat = self.flat
+        before = numerics.versions(flat)
+        memory.sync(self.device)
+        began = time.perf_counter()
+        self.res = self.graph.compiled(*self.args)
+        memory.sync(self.device)
+        self.call_seconds = time.perf_counter() - began
+        unforeseen = numerics.changed(flat, before) - self.analysis.mutated
+        if not unforeseen:
+            return False
+        self.graph.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
+                                   f"{sorted(unforeseen)} that the analysis did not foresee")
+        return True
+
+    def compare(self) -> Optional[Tuple[List[Any], int]]:
+        """(the values the judge rejects, how many of them are outputs); None where the
+        references could not be computed (the check is skipped)."""
+        try:
+            with numerics.quiet():
+                return self._references()
+        except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
+            self.graph.skip("not checked: computing the eager or float64 reference "
+                            f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
+            memory.release()
+            return None
+
+    def _references(self) -> Tuple[List[Any], int]:
+        """Eager and float64 run on the same inputs: what they write goes to copies of the
+        state before the call (overlapping views still overlap); what they only read is
+        shared, never copied."""
+        import torch
+
+        graph, flat, mutated = self.graph, self.flat, sorted(self.analysis.mutated)
+        made, made64 = self.pre.make(), self.pre.make(fp64=True)
+        eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
+        inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+        graph.kept = {node: None for op in graph.derived.values() for node in op[1]
+                      if isinstance(node, torch.fx.Node)}
+        with torch.no_grad():
+            ref = graph.eager_run(*eager_inputs)
+            ref64 = graph.fp64_run(*inputs64)
+        derived = {i: judge.Derived(op, [graph.kept.get(n, n) if isinstance(n, torch.fx.Node)
+                                         else n for n in nodes], dtype, dim, keepdim)
+                   for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
+        graph.kept = {}
+        outputs = len(numerics.leaves(ref))
+        verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
+                                numerics.leaves(self.res) + [flat[i] for i in mutated],
+                                numerics.leaves(ref64) + [inputs64[i] for i in mutated],
+                                judge.TOL_FORWARD, derived)
+        graph.note(judge={"ours": "failed" if verdict.bad else "passed",
+                          "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                          **{k: round(v, 3) for k, v in verdict.stats.items()}})
+        return verdict.bad, outputs
+
+    def verdict(self, bad: List[Any], outputs: int) -> Any:
+        """The backward pass where the forward passed, the schedule told, the record kept;
+        a graph that differs raises the alarm."""
+        import torch
+
+        graph = self.graph
+        grad = torch.is_grad_enabled()
+        if not grad:
+            graph.note(backward="not applicable: gradients are off (inference)")
+        elif not bad:
+            graph.note(backward=backward.check(graph, self.flat, self.pre, self.res,
+                                               self.boxed))
+        passed = not bad and not graph.entry["backward"].startswith(FAILED)
+        graph.schedule.checked(self.why, self.flat, self.values, passed, self.call_seconds,
+                               time.perf_counter() - self.work_start,
+                               numerics.leaves(self.res))
+        with record.LOCK:
+            graph.entry["calls_checked"] += 1
+            graph.entry.update(graph.schedule.coverage())
+        if bad:
+            if grad:
+                graph.note(backward="not checked: the forward pass already differs")
+            return alarm.raise_alarm(graph, bad[0], outputs, self, grad, "forward")
+        if not passed:
+            return alarm.raise_alarm(graph, None, outputs, self, grad, "backward")
+        if graph.entry["status"] in (PENDING, SKIPPED):
+            graph.settle(PASSED)
+        return self.res

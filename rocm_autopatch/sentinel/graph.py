@@ -1,0 +1,182 @@
+"""One compiled graph under the sentinel's watch: its eager copy, its compiled function, its
+record, and each call's way through (run compiled, or checked by ``check``).
+
+A call is checked when the schedule says it is due; a check never runs inside graph
+capture (nothing may synchronise there), in a thread while another checks the same graph,
+or inside another check. Once a graph is settled for good (passed for its life, skipped,
+fallen back) every call goes straight to ``fast``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from rocm_autopatch.reporting import record
+from rocm_autopatch.sentinel import check, graph_record, numerics, schedule
+from rocm_autopatch.sentinel.status import FELL_BACK, PENDING, SKIPPED
+
+# Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
+# are not the program's), a compile in progress.
+busy = threading.local()
+
+
+class Graph:
+    """One compiled graph under watch."""
+
+    def __init__(self, gm: Any, compiled: Any, graph_id: str, where: str, how: str,
+                 checks: int, share: float) -> None:
+        self.gm = gm
+        self.compiled = compiled
+        self.how = how
+        self.fast: Any = None  # what every call runs once the graph is settled for good
+        self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
+        self.lock = threading.Lock()
+        self.analyses: Dict[Any, Any] = {}  # by shape signature
+        self.kept: Dict[Any, Any] = {}  # float64 values of the nodes a judge needs
+        self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
+        self.schedule = schedule.Schedule(checks, share,
+                                          schedule.dynamic_inputs(self.placeholders))
+        self.entry = graph_record.new(graph_id, where, **self.schedule.coverage())
+        with record.LOCK:
+            found = graph_record.section()
+            found["graphs"].append(self.entry)
+            found["totals"][PENDING] += 1
+
+    # ---- the record ----------------------------------------------------------------------
+
+    def note(self, **fields: Any) -> None:
+        """Change fields of this graph's record (declared in ``graph_record``)."""
+        unknown = set(fields) - graph_record.FIELDS
+        if unknown:
+            raise KeyError(f"not a field of the graph record: {sorted(unknown)}")
+        with record.LOCK:
+            self.entry.update(fields)
+
+    def finish(self, status: str, reason: str = "") -> None:
+        """Settle the graph for good: no call of it is checked again."""
+        self.settle(status, reason)
+        if status == SKIPPED:
+            self.note(backward="not checked: the graph is not compared (see reason)")
+        self.fast = self.eager_call if status == FELL_BACK else self.compiled
+        self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
+
+    def settle(self, status: str, reason: str = "") -> None:
+        with record.LOCK:
+            totals = graph_record.section()["totals"]
+            totals[self.entry["status"]] -= 1
+            totals[status] += 1
+            self.entry["status"] = status
+            if reason:
+                self.entry["reason"] = reason
+
+    def skip(self, reason: str) -> None:
+        """This check could not run (memory, a shape that cannot be analysed): said, counted;
+        later calls are still checked."""
+        self.schedule.skipped += 1
+        self.note(skipped_reason=reason, checks_skipped=self.schedule.skipped)
+        if self.entry["status"] == PENDING:
+            self.settle(SKIPPED, reason)
+
+    def label(self) -> str:
+        return f"graph {self.entry['graph']} of {self.entry['where']}"
+
+    # ---- the graph and its runs -------------------------------------------------------------
+
+    @functools.cached_property
+    def placeholders(self) -> List[Any]:
+        return numerics.placeholders(self.gm)
+
+    @functools.cached_property
+    def eager_run(self) -> Any:
+        """The graph run eagerly on its inputs followed by the tensors it holds itself."""
+        return numerics.bind_state(self.gm, self.gm, self.names)
+
+    @functools.cached_property
+    def fp64_run(self) -> Any:
+        """The same, as the float64 reference; the float64 values of the nodes in
+        ``self.kept`` are kept there (the operands of argmax and comparisons)."""
+        return numerics.bind_state(
+            lambda *xs: numerics.run_fp64(self.gm, list(xs), self.kept), self.gm, self.names)
+
+    @functools.cached_property
+    def derived(self) -> Dict[int, Any]:
+        return numerics.derived_outputs(self.gm)
+
+    def inputs(self, args: Tuple[Any, ...]) -> Tuple[Optional[List[Any]], bool]:
+        """The graph's inputs as a list, and whether the call was boxed (one list that the
+        compiled function empties). The ``_boxed_call`` attribute is not trusted: torch's
+        ``aot_module_simplified`` copies it onto an unboxed function."""
+        count = len(self.placeholders)
+        if len(args) == count:
+            return list(args), False
+        if len(args) == 1 and isinstance(args[0], list) and len(args[0]) == count:
+            return list(args[0]), True
+        return None, False
+
+    def eager_call(self, *args: Any) -> Any:
+        flat, boxed = self.inputs(args)
+        if flat is None:
+            return self.compiled(*args)
+        if boxed:
+            args[0].clear()  # the convention: the callee releases the caller's list
+        return self.gm(*flat)
+
+    # ---- a call --------------------------------------------------------------------------
+
+    def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        import torch
+
+        from rocm_autopatch.guards import capture
+
+        if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
+                not self.lock.acquire(blocking=False):
+            # Inside graph capture nothing may synchronise; another thread is checking it.
+            return self.compiled(*args, **kwargs)
+        try:
+            if self.fast is not None:
+                return self.fast(*args)
+            flat, boxed = self.inputs(args)
+            if flat is None:
+                self.finish(SKIPPED, "not checked: called with inputs that do not match the "
+                                     "graph")
+                return self.compiled(*args)
+            plan = self.schedule
+            seen = plan.shapes_seen
+            try:
+                why = plan.due(flat)
+            except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
+                why = None
+            self.entry["calls"] = plan.calls
+            if plan.shapes_seen != seen or plan.stride != self.entry["values_stride"]:
+                self.note(**plan.coverage())
+            if why is None:
+                res = self.compiled(*args)
+                if plan.dynamic and self.large_output_is_new(res):
+                    return self.timed(args, flat, boxed, schedule.SHAPE, res)
+                return res
+            return self.timed(args, flat, boxed, why, None)
+        finally:
+            self.lock.release()
+
+    def large_output_is_new(self, res: Any) -> bool:
+        """An output of 2^31 bytes or elements or more, where no checked call had one, from
+        a graph that writes none of its inputs (so it can be checked after the call)."""
+        if (self.schedule.large_output_checked or not self.analyses
+                or any(a.mutated for a in self.analyses.values())):
+            return False
+        return schedule.large(numerics.leaves(res))
+
+    def timed(self, args: Tuple[Any, ...], flat: List[Any], boxed: bool, why: str,
+              res: Any) -> Any:
+        busy.checking = True
+        start = time.perf_counter()
+        try:
+            return check.Check(self, args, flat, boxed, why, res).run()
+        finally:
+            busy.checking = False
+            with record.LOCK:
+                self.entry["seconds"] = round(self.entry["seconds"]
+                                              + time.perf_counter() - start, 3)
