@@ -18,6 +18,7 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
+from rocm_autopatch import torch_releases
 from rocm_autopatch.guards import capture, compile_frame
 from rocm_autopatch.reporting import record
 
@@ -87,7 +88,7 @@ print(json.dumps({
     "torch": torch.__version__,
     "mode": sys.argv[1] if len(sys.argv) > 1 else "",
     "installed_by_hook": wrapper is not None,
-    "form": capture.decline_form(cf)[0],
+    "form": torch_releases.decline_form(cf)[0],
     "capture_end_hooked": bool(getattr(torch.cuda.graphs.CUDAGraph.capture_end,
                                        "__rocm_autopatch__", False)),
     "steps": steps,

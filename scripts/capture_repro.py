@@ -18,6 +18,7 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
+from rocm_autopatch import torch_releases
 from rocm_autopatch.guards import capture, compile_frame
 from rocm_autopatch.reporting import record
 
@@ -89,7 +90,7 @@ reads_outside = STATE["rng_reads"] - reads_before
 result = {
     "torch": torch.__version__,
     "installed_by_hook": installed_by_hook,
-    "layout": capture.layout(cf),
+    "layout": torch_releases.rng_layout(cf),
     "fix": record.REPORT.fixes.get(capture.FIX),
     "outside_capture_with_fix": outside,
     "rng_reads_outside_capture": reads_outside,

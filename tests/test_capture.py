@@ -16,7 +16,7 @@ import types
 import pytest
 from conftest import ROOT, Venv
 
-from rocm_autopatch.guards import capture
+from rocm_autopatch import torch_releases
 
 INSTALLED = """
 import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
@@ -168,4 +168,4 @@ print(json.dumps({"raised": raised}))
 @pytest.mark.fast
 def test_torch_version_is_read_from_release_strings(version: str, expected: tuple) -> None:
     """Which builds need the RNG fix is decided from this (the fix is needed below 2.10)."""
-    assert capture.torch_version(types.SimpleNamespace(__version__=version)) == expected
+    assert torch_releases.version(types.SimpleNamespace(__version__=version)) == expected

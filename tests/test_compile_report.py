@@ -383,7 +383,8 @@ def test_torch_2_4s_wording_gives_the_reason_torch_raised() -> None:
     # only in the record's exc_info (torch/_dynamo/symbolic_convert.py, 2.4.1, line 534).
     # The reason was the stack's first line until compat.sh showed it on 2.4.1; that run now
     # gives torch's reasons (TESTING.md). Record as 2.4.1 logged it for a print():
-    from rocm_autopatch.reporting import collector
+
+    from rocm_autopatch.reporting import breaks
 
     class Unsupported(RuntimeError):  # torch._dynamo.exc.Unsupported's name and text
         pass
@@ -392,10 +393,10 @@ def test_torch_2_4s_wording_gives_the_reason_torch_raised() -> None:
                '  File "/job/p.py", line 3, in outer\n    return inner(x)\n'
                '  File "/job/p.py", line 7, in inner\n    print("tracing")\n')
     error = Unsupported("builtin: print [<class 'ConstantVariable'>] True")
-    found = collector.parse_break(message, error)
+    found = breaks.parse_break(message, error)
     assert (found["file"], found["line"]) == ("/job/p.py", 7)
     assert found["reason"] == "Unsupported: builtin: print [<class 'ConstantVariable'>] True"
     # torch >= 2.5 states the reason in the message itself; the exception adds nothing.
     newer = ("Graph break in user code at /job/p.py:7\nGraph Break Reason: Unsupported: "
              "builtin: print\nUser code traceback:\n  File \"/job/p.py\", line 7, in inner\n")
-    assert collector.parse_break(newer, error)["reason"] == "Unsupported: builtin: print"
+    assert breaks.parse_break(newer, error)["reason"] == "Unsupported: builtin: print"

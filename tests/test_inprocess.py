@@ -17,8 +17,7 @@ from typing import Any, Dict
 import pytest
 
 from rocm_autopatch import frames, patching
-from rocm_autopatch.cli import main as cli
-from rocm_autopatch.cli import selftest
+from rocm_autopatch.cli import doctor, selftest
 from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import schema, view
 
@@ -196,7 +195,7 @@ def test_the_slowest_frames_show_backward_time() -> None:
     ("TORCHINDUCTOR_MAX_AUTOTUNE", True), ("ROCM_AUTOPATCH_VERIFY", True),
     ("PYTORCH_TUNABLEOP_ENABLED", True), ("COMPOSE_PROJECT", False)])
 def test_the_doctor_audits_whole_words(name: str, audited: bool) -> None:
-    assert cli.audited(name) is audited
+    assert doctor.audited(name) is audited
 
 
 def test_selftest_names_the_gpu_once() -> None:

@@ -1,6 +1,7 @@
-"""The command line: ``rocm-autopatch doctor`` (what is installed, detected and changed),
-``run`` (the launcher, see ``launcher``), ``selftest``, ``bisect`` (the compiler step that
-makes a sentinel's repro wrong, ``sentinel.bisect``) and ``forget`` (remembered fixes).
+"""The command line, parsed and dispatched: ``rocm-autopatch doctor`` (what is installed,
+detected and changed: ``doctor``), ``run`` (the launcher, see ``launcher``), ``selftest``,
+``bisect`` (the compiler step that makes a sentinel's repro wrong, ``sentinel.bisect``) and
+``forget`` (remembered fixes).
 
 ``doctor`` imports torch and its compiler config in its own process, so the report it
 prints is the one a script would get in this environment. ``--json`` for machines.
@@ -13,294 +14,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from _rocm_autopatch_start import say
-from rocm_autopatch.config import caches, profiles, settings
-from rocm_autopatch.text import Verbatim, fit
-
-# Environment variables that turn on what the safe profile turns off, when set to "1",
-# and why (with the public evidence). The key that neutralises each: the safe profile's.
-RED_FLAGS: Dict[str, str] = {
-    "TORCHINDUCTOR_MAX_AUTOTUNE": "GEMM autotuning on every compile: minutes-long "
-    "compiles, crashes (ROCm/pytorch#3548)",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_POINTWISE": "pointwise autotuning: long compiles "
-    "(ROCm/pytorch#3548)",
-    "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM": "GEMM autotuning (ROCm/pytorch#3548)",
-    "TORCHINDUCTOR_CUDAGRAPHS": "Inductor CUDA graphs on HIP (pytorch#185074, #187715)",
-    "TORCHINDUCTOR_MEMORY_PLANNING": "memory planning, off by default in torch (no public "
-    "report of a failure)",
-}
-# A variable is audited when one of the words of its name (split at "_") is one of these,
-# or it is ours: whole words, so VIRTUAL_ENV_PROMPT is not an OMP variable.
-AUDIT_WORDS = frozenset(("TORCH", "PYTORCH", "TORCHINDUCTOR", "TORCHDYNAMO", "INDUCTOR",
-                         "AUTOTUNE", "TRITON", "OMP", "MKL"))
-
-
-def audited(name: str) -> bool:
-    return name.startswith(settings.MODE) or not AUDIT_WORDS.isdisjoint(
-        name.upper().split("_"))
-
-
-def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
-                      ) -> List[Dict[str, Any]]:
-    """The variables that matter here, as the user's shell set them (``environ`` is read
-    before torch is imported: torch sets some itself, TORCHINDUCTOR_CACHE_DIR among them)."""
-    config = {c["key"]: c for c in report.get("config", [])}
-    key_of = {var: setting.key for setting in profiles.SAFE for var in setting.env}
-    rows = []
-    for var in sorted(environ):
-        if not audited(var):
-            continue
-        value = environ[var]
-        row: Dict[str, Any] = {"name": var, "value": value, "flag": "ok", "note": ""}
-        if var in settings.BY_NAME:  # ours: what it means, and a bad value flagged
-            found = settings.read(var, environ)
-            row["note"] = found.problem or settings.BY_NAME[var].meaning
-            row["flag"] = "red" if found.problem else "ok"
-        if var in caches.FORCE_VARS and value.strip() == "1" and (
-                report.get("platform") == "rocm" or report.get("forced")):
-            keep = environ.get(caches.KEEP_OFF, "").strip().lower() in settings.TRUE_WORDS
-            row["flag"] = "kept" if keep else "red"
-            row["note"] = ("every compile cache is off: each run and each rank compiles "
-                           "everything again" + (f"; kept as you asked ({caches.KEEP_OFF}=1)"
-                                                 if keep else
-                                                 f"; fix: unset {var} (torch pins it; "
-                                                 f"{caches.KEEP_OFF}=1 keeps it)"))
-        why = RED_FLAGS.get(var)
-        if why and value.strip() == "1" and not (
-                report.get("platform") not in ("rocm", "unknown") and not report.get("forced")):
-            entry = config.get(key_of[var])
-            done = (report.get("active") and entry is not None
-                    and entry["status"] in ("applied", "unchanged")
-                    and entry["source"] != "override")
-            kept = (report.get("active") and entry is not None and entry["status"] == "skipped"
-                    and entry["source"] == "environment")
-            row["flag"] = "neutralised" if done else "kept" if kept else "red"
-            row["note"] = why + ("; overridden by rocm-autopatch" if done else
-                                 f"; kept as you asked: {entry['reason']}" if kept else
-                                 f"; fix: unset {var} or let rocm-autopatch run")
-        rows.append(row)
-    return rows
-
-
-def collect(profile: Optional[str]) -> Dict[str, Any]:
-    if profile:
-        settings.export(settings.PROFILE, profile)  # this process only
-    from rocm_autopatch import probe
-    from rocm_autopatch.cli import installation
-    from rocm_autopatch.reporting import record
-    from rocm_autopatch.startup import bootstrap
-
-    environ = settings.environment()  # as the shell set it: torch's import adds some
-    data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
-    bootstrap.start("doctor")  # where the .pth already ran: recorded, nothing more
-    try:
-        import torch
-        import torch._dynamo.config  # noqa: F401 - imported to apply and report the config
-        import torch._inductor.config  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - no torch here is a finding, not a crash
-        data["torch_error"] = repr(exc)
-    _numerics_sentinel(record)
-    data["install"]["activation"] = bootstrap.activation()
-    data["install"]["mode"] = bootstrap.mode if bootstrap.started else bootstrap.parse_mode(
-        environ.get(bootstrap.ENV_MODE, ""))
-    report = record.REPORT.to_dict()
-    torch_module = sys.modules.get("torch")
-    if report["platform"] == "unknown" and torch_module is not None:
-        # The hooks did not run (ROCM_AUTOPATCH=0): the doctor still says what torch is.
-        report.update(probe.torch_build(torch_module))
-    if data["install"]["mode"] == "off":
-        report["reason"] = f"turned off by {bootstrap.ENV_MODE}={environ[bootstrap.ENV_MODE]}"
-    data["report"] = report
-    data["gpus"] = probe.gpu_archs()
-    data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
-    data["environment"] = environment_audit(report, environ)
-    data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
-    data["fixes"] = _fixes()
-    data["left_out"] = profiles.LEFT_OUT
-    data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
-                         if r["flag"] == "red"]
-    if "torch_error" in data:
-        data["red_flags"].insert(0, (
-            f"torch cannot be imported by this Python ({sys.executable}): "
-            f"{data['torch_error']}. rocm-autopatch acts on the torch of the environment it is "
-            "installed in: install it where your torch is (that environment's pip), or "
-            "install torch here"))
-    data["healthy"] = not data["red_flags"]
-    return data
-
-
-# GEMM template backends torch can autotune besides ATen, with what they are; FlyDSL is new
-# in torch 2.15 (torch/_inductor/config.py: "FlyDSL templates for ROCm GPUs (experimental)").
-TEMPLATE_BACKENDS = ("TRITON", "CK", "CKTILE", "FLYDSL", "CUTLASS", "CUTEDSL", "NVGEMM", "CPP")
-
-
-def gemm_backends(config: Any) -> Dict[str, Any]:
-    """Which GEMM backends this process's torch would autotune, as torch reads them
-    (``torch/_inductor/utils.py`` ``_use_autotune_backend``: listed in
-    ``max_autotune_gemm_backends`` and autotuning on)."""
-    if config is None:
-        return {"known": False}
-    listed = [b.strip().upper() for b in str(config.max_autotune_gemm_backends).split(",")]
-    tuning = bool(getattr(config, "max_autotune", False)
-                  or getattr(config, "max_autotune_gemm", False))
-    templates = [b for b in listed if b in TEMPLATE_BACKENDS]
-    return {"known": True, "listed": listed, "autotuning": tuning,
-            "templates_used": templates if tuning else [],
-            "flydsl_in_this_torch": hasattr(config, "flydsl_enable_autotuning"),
-            # torch then tries it on ROCm gfx950 (torch/_inductor/utils.py use_flydsl_gemm_template)
-            "flydsl_candidate": tuning and "FLYDSL" in listed
-            and hasattr(config, "flydsl_enable_autotuning")}
-
-
-def _numerics_sentinel(record: Any) -> None:
-    """The sentinel's line: installed where the variable asks for it (its hook fires when
-    Inductor's compile_fx is imported), otherwise said to be off."""
-    from rocm_autopatch import log
-    from rocm_autopatch.sentinel import status
-
-    if record.REPORT.active and log.setting(settings.VERIFY) != "off":
-        try:
-            import torch._inductor.compile_fx  # noqa: F401 - the hook installs the sentinel
-        except Exception:  # noqa: BLE001 - a broken torch is reported elsewhere
-            pass
-    if status.NAME not in record.REPORT.fixes:
-        record.fix(status.NAME, record.OFF, f"{settings.VERIFY} is unset: compiled graphs are "
-                   "not compared with eager (check: warn about a graph that computes wrong "
-                   "numbers; fallback: also run it eagerly)", status.REF)
-
-
-def _fixes() -> Dict[str, Any]:
-    """The remembered fixes (``rocm-autopatch bisect``), and which apply here."""
-    from rocm_autopatch.sentinel import fixes
-
-    where = fixes.path()
-    try:
-        now = fixes.here()
-    except Exception:  # noqa: BLE001 - no torch: nothing can apply
-        now = None
-    listed = []
-    for fix in fixes.load(where):
-        listed.append({**fix, "what": fixes.describe(fix["change"]),
-                       "stale": fixes.stale(fix, now) if now else "torch is not importable"})
-    return {"store": where, "fixes": listed}
-
-
-def _human(data: Dict[str, Any]) -> str:
-    r = data["report"]
-    inst = data["install"]
-    out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(inst, r)
-    out += ["", "Platform",
-            f"  python {data['python']}; torch {r.get('torch_version') or 'not importable'}"
-            f" ({r.get('platform')}{', HIP ' + r['hip_version'] if r.get('hip_version') else ''})"]
-    gpus = data["gpus"]
-    out.append("  GPUs (KFD): " + (", ".join(f"{g['arch']} ({g['gpu']})" for g in gpus)
-                                   if gpus else "unknown (no KFD topology)"))
-    out.append(f"  active: {'yes' if r['active'] else 'no'}; profile: {r['profile']}")
-    out.append(f"  {r['reason']}")
-    out += ["", "Environment"]
-    for row in data["environment"]:
-        mark = {"ok": "  ", "neutralised": "~ ", "kept": "= ", "red": "! "}[row["flag"]]
-        out.append(f"  {mark}{row['name']}={row['value'][:40]}")
-        if row["note"]:
-            out.append(f"      {row['note']}")
-    if not data["environment"]:
-        out.append("  (no TORCH/INDUCTOR/TRITON/OMP/MKL or ROCM_AUTOPATCH variables set)")
-    where = data["caches"]
-    out += ["", "Compile caches (Inductor, Triton)", f"  {where['inductor']}",
-            f"  {where['triton']}"]
-    if where["temporary"]:
-        out.append(f"      under a temporary directory: a new container compiles everything "
-                   f"again; {settings.CACHE}=DIR keeps them in a directory you mount")
-    remembered = data["fixes"]
-    out += ["", f"Remembered fixes ({remembered['store'] or settings.FIXES + '=off'})"]
-    for fix in remembered["fixes"]:
-        out.append(f"  graph {fix.get('fingerprint')}: {fix['what']}"
-                   + (f" [not applied: {fix['stale']}]" if fix["stale"] else ""))
-        out.append(f"      {fix.get('answer', '')}")
-        out.append(Verbatim(f"      at {fix.get('where') or '?'}"))
-    if remembered["fixes"]:
-        out.append("      (`rocm-autopatch forget GRAPH` or `--all` forgets)")
-    else:
-        out.append("  none (`rocm-autopatch bisect DIR` finds and remembers them)")
-    out += ["", "Configuration (key: before -> after, source, status)"]
-    if not r["active"]:
-        out.append("  nothing applied: torch's own configuration is in use")
-    for c in r["config"]:
-        line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
-        out.append(line)
-        if c.get("reason") and (c["status"] in ("skipped", "failed")
-                                or "not used on" in c["reason"]):
-            out.append(f"      {c['reason']}")
-        if c["status"] == "applied" and c.get("why"):
-            out.append(f"      why: {c['why']}" + (f" [{c['ref']}]" if c.get("ref") else ""))
-    gemm = data["gemm_backends"]
-    if gemm.get("known"):
-        used = gemm["templates_used"]
-        out.append(f"  GEMM backends: {','.join(gemm['listed'])}; autotuning "
-                   f"{'on' if gemm['autotuning'] else 'off'}: " + (
-                       f"template backends in use: {', '.join(used)}" if used else
-                       "no template backend in use (ATen only)")
-                   + ("; FlyDSL (torch 2.15+, ROCm, experimental): "
-                      + ("a candidate" if gemm["flydsl_candidate"] else "not used")
-                      if gemm["flydsl_in_this_torch"] else ""))
-    out += ["", "torch.compile rewrites and fixes"]
-    if not r["active"]:
-        out.append("  nothing applied: torch.compile is torch's own")
-    for name, fix in r["fixes"].items():
-        ref = f" [{fix['ref']}]" if fix.get("ref") else ""
-        out.append(f"  {name}: {fix['status']}: {fix['reason']}{ref}")
-    for rw in r["compile_rewrites"]:
-        out.append(f"  {rw['before']} -> {rw['after']} x{rw['count']} at {rw['call_site']}")
-        if rw.get("reason"):
-            out.append(f"      why: {rw['reason']}")
-    for where, count in r.get("eager_in_capture", {}).items():
-        out.append(f"  ran eagerly during graph capture x{count}: {where}")
-    for err in r["errors"]:
-        out.append(f"  ERROR {err}")
-    if "torch_error" in data:
-        out += ["", f"! {data['red_flags'][0]}"]
-    out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see above)"]
-    return "\n".join(fit(line) for line in out) + "\n"
-
-
-def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
-    out: List[str] = []
-    for d in inst["distributions"]:
-        kind = ", editable" if d["editable"] else ""
-        use = " [in use]" if d["in_use"] else " [not in use: another copy comes first]"
-        out.append(f"  rocm-autopatch {d['version']} ({d['installer']}{kind}){use}")
-        # Paths are never wrapped: a user copies them, and a venv can be deeper than 80.
-        out.append(Verbatim(f"    {d['location']}"))
-        files = d["startup_files"]
-        pth = files["rocm_autopatch.pth"]
-        out.append("    start-up: .pth " + ("runs" if pth["runs"] else "present, not run here "
-                                              "(directory not processed by site, or -S)"
-                                              if pth["exists"] else "missing")
-                   + "; .start " + ("present (Python 3.15+)" if files["rocm_autopatch.start"]
-                                    ["exists"] else "missing")
-                   + "; torch.backends entry point " + ("yes" if d["entry_points"] else "no"))
-    if not inst["distributions"]:
-        out.append("  rocm-autopatch has no installed distribution on sys.path (a source tree?)")
-    if inst["duplicate"]:
-        out.append(f"  ! installed {len(inst['distributions'])} times (e.g. user site and a venv "
-                   "with --system-site-packages): applied once, by the copy in use; uninstall "
-                   "the other to avoid mixing versions")
-    act = inst.get("activation") or {}
-    reached = f"{act['via']} (reached by: {', '.join(act['reached'])})" if act.get("via") \
-        else ""
-    if not reached:
-        out.append(f"  start-up: no start-up path ran; ROCM_AUTOPATCH mode: {inst.get('mode')}")
-    elif report.get("active"):
-        out.append(f"  activated by: {reached}; ROCM_AUTOPATCH mode: {inst.get('mode')}")
-    else:
-        out.append(f"  start-up: {reached} ran, found no ROCm build and applied nothing "
-                   f"(ROCM_AUTOPATCH mode: {inst.get('mode')})")
-    if not inst["autoload"]:
-        out.append("  TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch's autoload path is off (the .pth "
-                   "and the launcher still work)")
-    return out
+from rocm_autopatch.cli import doctor, doctor_text
+from rocm_autopatch.config import profiles, settings
+from rocm_autopatch.text import fit
 
 
 def _report(paths: Sequence[str], as_json: bool) -> int:
@@ -345,7 +64,7 @@ def _forget(fingerprint: Optional[str], everything: bool) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     from rocm_autopatch import __version__
 
     parser = argparse.ArgumentParser(prog="rocm-autopatch")
@@ -387,6 +106,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     forget.add_argument("fingerprint", nargs="?", metavar="GRAPH",
                         help="the graph's fingerprint (or its start), as the doctor lists it")
     forget.add_argument("--all", action="store_true", help="forget every fix")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -413,8 +137,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.report:
         return _report(args.report, args.json)
-    data = collect(args.profile)
-    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else _human(data))
+    data = doctor.collect(args.profile)
+    sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else
+                     doctor_text.render(data))
     return 0 if data["healthy"] else 1
 
 

@@ -11,77 +11,35 @@ a fresh one, before it is reported ``applied``.
 
 from __future__ import annotations
 
-import importlib
-import sys
+import functools
 import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from rocm_autopatch import torch_releases
 from rocm_autopatch.config import profiles, settings
 from rocm_autopatch.reporting import record
 from rocm_autopatch.reporting.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
 
 Warn = Callable[[Any, str], Any]
+Wanted = Tuple[profiles.Setting, str, Any, str]  # the rule, torch's name, value, source
 _MISSING = object()
-
-
-def _entries(module: ModuleType) -> Optional[Dict[str, Any]]:
-    """torch's table of config keys: ``_ConfigEntry`` objects, or plain values (older torch)."""
-    entries = module.__dict__.get("_config")
-    return entries if isinstance(entries, dict) else None
-
-
-def entry(module: ModuleType, key: str) -> Any:
-    entries = _entries(module)
-    return entries.get(key) if entries is not None else None
-
-
-def has_key(module: ModuleType, key: str) -> bool:
-    entries = _entries(module)
-    return key in entries if entries is not None else hasattr(module, key)
 
 
 def torch_key(module: ModuleType, setting: profiles.Setting, short: str) -> Optional[str]:
     """The name the running torch uses for ``short`` (the key without its namespace)."""
     for name in (short, *setting.older_names):
-        if has_key(module, name) and getattr(entry(module, name), "alias", None) is None:
+        found = torch_releases.config_entry(module, name)
+        if torch_releases.config_has_key(module, name) and getattr(found, "alias", None) is None:
             return name
     for name in (short, *setting.older_names):  # an alias is still better than nothing
-        if has_key(module, name):
+        if torch_releases.config_has_key(module, name):
             return name
     return None
 
 
 def read(module: ModuleType, key: str) -> Any:
     return getattr(module, key, _MISSING)
-
-
-def set_value(module: ModuleType, key: str, value: Any) -> None:
-    """Write ``value`` below user assignments and above torch's own default."""
-    found = entry(module, key)
-    alias = getattr(found, "alias", None)
-    if isinstance(alias, str) and "." in alias:
-        # An alias (inductor's force_disable_caches is torch.compiler.config's): written
-        # where it lives, so that every thread reads it (torch >= 2.12 keeps assignments
-        # per thread).
-        owner, _, name = alias.rpartition(".")
-        target = sys.modules.get(owner) or importlib.import_module(owner)
-        if target is not module:
-            set_value(target, name, value)
-            return
-    if found is None or not hasattr(found, "env_value_default") or alias is not None:
-        setattr(module, key, value)
-        return
-    found.env_value_default = value
-    # Invalidate torch's cached dict/hash of the config (names vary by release).
-    dirty = module.__dict__.get("_hash_dirty_var")
-    if dirty is not None:
-        dirty.set(True)
-    if "_is_dirty" in module.__dict__:
-        module.__dict__["_is_dirty"] = True
-    mark = getattr(module, "_mark_get_dict_dirty", None)
-    if callable(mark):
-        mark(key)
 
 
 def _read_in_new_thread(module: ModuleType, keys: Sequence[str]) -> Dict[str, Any]:
@@ -149,48 +107,12 @@ def apply(module: ModuleType, namespace: str, profile: str,
 
         archs = probe.arch_names
     prefix = namespace + "."
-    wanted: Dict[str, Tuple[profiles.Setting, str, Any, str]] = {}  # key -> (setting, ...)
+    wanted: Dict[str, Wanted] = {}  # key -> (setting, torch's name, value, source)
     not_here: Dict[str, str] = {}  # key -> why a later layer's entry does not apply
     changes: List[ConfigChange] = []
     for setting in profiles.PROFILES[profile]:
-        if not setting.key.startswith(prefix):
-            continue
-        short = setting.key[len(prefix):]
-        name = torch_key(module, setting, short)
-        if name is None:
-            changes = [c for c in changes if c.key != setting.key]
-            changes.append(ConfigChange(setting.key, None, None, "profile", SKIPPED,
-                                        "not in this torch's config" + (
-                                            f" (nor {', '.join(setting.older_names)})"
-                                            if setting.older_names else ""),
-                                        wanted=setting.value, why=setting.reason,
-                                        ref=setting.ref))
-            continue
-        failed = _condition_fails(setting, archs)
-        if failed:
-            not_here[setting.key] = failed
-            continue
-        if setting.kept_by and _flag(setting.kept_by):
-            wanted.pop(setting.key, None)
-            changes = [c for c in changes if c.key != setting.key]
-            value = read(module, name)
-            changes.append(ConfigChange(setting.key, value, value, "environment", SKIPPED,
-                                        f"{setting.kept_by}=1: torch's own value is kept, so "
-                                        "graphs work as torch makes them",
-                                        wanted=setting.value, why=setting.reason,
-                                        ref=setting.ref))
-            continue
-        set_by = [v for v in setting.env if settings.raw(v) is not None]
-        if setting.env_wins and set_by:
-            wanted.pop(setting.key, None)
-            var = set_by[0]
-            changes.append(ConfigChange(setting.key, read(module, name), read(module, name),
-                                        "environment", SKIPPED,
-                                        f"{var}={settings.raw(var)} is set: your value is kept",
-                                        wanted=setting.value, why=setting.reason,
-                                        ref=setting.ref))
-            continue
-        wanted[setting.key] = (setting, name, setting.value, "profile")
+        if setting.key.startswith(prefix):
+            changes = _plan(module, setting, prefix, archs, wanted, not_here, changes)
     for short, (value, var) in overrides.items():
         key = prefix + short
         # The override's own record: its variable is its reason, the profile's rule is not.
@@ -199,8 +121,6 @@ def apply(module: ModuleType, namespace: str, profile: str,
         setting = profiles.Setting(key, value, why)
         wanted[key] = (setting, short, value, "override")
         changes = [c for c in changes if c.key != key]
-
-    applied_keys: List[Tuple[str, str]] = []
     for key, (setting, name, value, source) in wanted.items():
         try:
             change = _apply_one(module, key, setting, name, value, source, profile,
@@ -209,21 +129,56 @@ def apply(module: ModuleType, namespace: str, profile: str,
             change = ConfigChange(key, None, None, source, FAILED,
                                   f"applying it raised {exc!r}", wanted=value, torch_key=name)
         changes.append(change)
-        if change.status in (APPLIED, UNCHANGED):
-            applied_keys.append((key, name))
-
-    # A value that only this thread sees is not applied (torch >= 2.12 is per-thread).
-    elsewhere = _read_in_new_thread(module, [name for _, name in applied_keys])
-    for change in changes:
-        if change.status in (APPLIED, UNCHANGED):
-            name = change.torch_key or change.key[len(prefix):]
-            if elsewhere.get(name, _MISSING) != change.wanted:
-                change.status = FAILED
-                change.reason = (f"a new thread reads {elsewhere.get(name)!r}: the value "
-                                 "holds in the importing thread only")
+    _held_in_every_thread(module, changes, prefix)
     for change in changes:
         record.REPORT.set_config(change)
     return changes
+
+
+def _plan(module: ModuleType, setting: profiles.Setting, prefix: str,
+          archs: Callable[[], List[str]], wanted: Dict[str, Wanted], not_here: Dict[str, str],
+          changes: List[ConfigChange]) -> List[ConfigChange]:
+    """One rule of the profile: wanted, or skipped with its reason (a later rule for the
+    same key replaces an earlier one's record); the changes so far."""
+    name = torch_key(module, setting, setting.key[len(prefix):])
+    skipped = functools.partial(ConfigChange, setting.key, wanted=setting.value,
+                                why=setting.reason, ref=setting.ref)
+    if name is None:
+        older = f" (nor {', '.join(setting.older_names)})" if setting.older_names else ""
+        return [c for c in changes if c.key != setting.key] + [
+            skipped(None, None, "profile", SKIPPED, "not in this torch's config" + older)]
+    failed = _condition_fails(setting, archs)
+    if failed:
+        not_here[setting.key] = failed
+        return changes
+    if setting.kept_by and _flag(setting.kept_by):
+        wanted.pop(setting.key, None)
+        value = read(module, name)
+        return [c for c in changes if c.key != setting.key] + [
+            skipped(value, value, "environment", SKIPPED, f"{setting.kept_by}=1: torch's own "
+                    "value is kept, so graphs work as torch makes them")]
+    set_by = [v for v in setting.env if settings.raw(v) is not None]
+    if setting.env_wins and set_by:
+        wanted.pop(setting.key, None)
+        value, var = read(module, name), set_by[0]
+        return changes + [skipped(value, value, "environment", SKIPPED,
+                                  f"{var}={settings.raw(var)} is set: your value is kept")]
+    wanted[setting.key] = (setting, name, setting.value, "profile")
+    return changes
+
+
+def _held_in_every_thread(module: ModuleType, changes: List[ConfigChange],
+                          prefix: str) -> None:
+    """A value that only this thread sees is not applied (torch >= 2.12 keeps assignments
+    per thread): read back in a new thread, it fails where it differs."""
+    done = [c for c in changes if c.status in (APPLIED, UNCHANGED)]
+    names = [c.torch_key or c.key[len(prefix):] for c in done]
+    elsewhere = _read_in_new_thread(module, names)
+    for change, name in zip(done, names):
+        if elsewhere.get(name, _MISSING) != change.wanted:
+            change.status = FAILED
+            change.reason = (f"a new thread reads {elsewhere.get(name)!r}: the value "
+                             "holds in the importing thread only")
 
 
 def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: str, value: Any,
@@ -231,8 +186,8 @@ def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: st
                ) -> ConfigChange:
     """Write one key and read it back: its change record."""
     before = read(module, name)
-    noop = profiles.NOOP_KEYS.get(key) or (
-        "deprecated in this torch" if getattr(entry(module, name), "deprecated", False) else "")
+    deprecated = getattr(torch_releases.config_entry(module, name), "deprecated", False)
+    noop = profiles.NOOP_KEYS.get(key) or ("deprecated in this torch" if deprecated else "")
     if noop:
         return ConfigChange(key, before, before, source, SKIPPED, f"no-op: {noop}",
                             wanted=value, torch_key=name)
@@ -241,7 +196,7 @@ def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: st
         _hostile_env(setting, value, before, profile, warn)
     try:
         if before != value:
-            set_value(module, name, value)
+            torch_releases.set_config_default(module, name, value)
     except Exception as exc:  # noqa: BLE001 - reported as this key's failure
         return ConfigChange(key, before, read(module, name), source, FAILED,
                             f"setting it raised {exc!r}", wanted=value, torch_key=name)
@@ -259,7 +214,7 @@ def _apply_one(module: ModuleType, key: str, setting: profiles.Setting, name: st
 
 
 def _why_not(module: ModuleType, key: str) -> str:
-    force = getattr(entry(module, key), "env_value_force", _MISSING)
+    force = getattr(torch_releases.config_entry(module, key), "env_value_force", _MISSING)
     if force is not _MISSING and read(module, key) == force:
         return "pinned by a TORCHINDUCTOR_* force variable in the environment"
     return "torch reads another value back (set earlier in code in this thread?)"

@@ -13,7 +13,8 @@ import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rocm_autopatch.config import applier, settings
+from rocm_autopatch import torch_releases
+from rocm_autopatch.config import settings
 from rocm_autopatch.config.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
 from rocm_autopatch.config.settings import override_var as var_name
 
@@ -46,7 +47,7 @@ def env_names(keys: List[str]) -> Dict[str, str]:
 
 
 def key_type(module: ModuleType, key: str) -> Any:
-    found = applier.entry(module, key)
+    found = torch_releases.config_entry(module, key)
     declared = getattr(found, "value_type", None)
     if declared is not None:
         return declared

@@ -25,13 +25,11 @@ fixed by PR 162505 in 2.10) and the clear error for a first compile inside captu
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import itertools
 import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
-from rocm_autopatch import frames, log, patching
+from rocm_autopatch import frames, log, patching, torch_releases
 from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import record
 
@@ -60,14 +58,6 @@ class CompiledDuringCaptureError(RuntimeError):
     """A function was compiled for the first time inside CUDA/HIP graph capture."""
 
 
-def torch_version(torch: types.ModuleType) -> Tuple[int, int]:
-    """(major, minor) of ``torch.__version__``; (0, 0) when it can't be read."""
-    # Not a regex: compiling one costs ~0.1 ms on the import path, half this hook's work.
-    major, _, rest = str(getattr(torch, "__version__", "")).partition(".")
-    minor = "".join(itertools.takewhile(str.isdecimal, rest))
-    return (int(major), int(minor)) if major.isdecimal() and minor else (0, 0)
-
-
 def compile_in_capture() -> bool:
     """``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE``: True gives torch's own behaviour."""
     return log.setting(ENV)
@@ -84,20 +74,6 @@ def capturing(torch: types.ModuleType) -> bool:
 
 
 # ---- the policy: run eagerly this once -------------------------------------------------
-
-def decline_form(convert_frame: types.ModuleType) -> Tuple[str, Callable[[], Any]]:
-    """(description, factory of the value ``_compile`` returns to run a frame eagerly once)."""
-    result_cls = getattr(convert_frame, "ConvertFrameReturn", None)
-    fields = ({f.name for f in dataclasses.fields(result_cls)}
-              if dataclasses.is_dataclass(result_cls) else set())
-    if "apply_to_code" in fields:
-        extra = ({"skip_reason": "rocm-autopatch: a graph is being captured; runs eagerly, "
-                                 "compiles outside capture"} if "skip_reason" in fields else {})
-        return ("ConvertFrameReturn(apply_to_code=False): this call only",
-                lambda: result_cls(apply_to_code=False, **extra))
-    return ("None (skips the code), un-skipped with reset_code when the capture ends",
-            lambda: None)
-
 
 def decline(form: Callable[[], Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """What ``_compile`` returns for a frame reached while capturing (the policy)."""
@@ -200,16 +176,6 @@ def compile_inside(torch: types.ModuleType, original: Callable[..., Any], skip_r
         raise clear from exc
 
 
-def layout(convert_frame: types.ModuleType) -> str:
-    """Where this torch's preserve_global_state sits (for the record)."""
-    trace_frame = getattr(convert_frame, "trace_frame", None)
-    if trace_frame is not None and hasattr(trace_frame, "__wrapped__"):
-        return "trace_frame decorated at import (2.9+)"
-    if hasattr(convert_frame, "preserve_global_state"):
-        return "transform decorated inside _compile (2.2-2.8)"
-    return "wrap_convert_context (2.1)"
-
-
 def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager: bool,
                  form: str, skip_rng: bool) -> None:
     if eager:
@@ -223,8 +189,9 @@ def record_fixes(torch: types.ModuleType, convert_frame: types.ModuleType, eager
                REF_POLICY)
     version = torch.__version__
     if skip_rng:
+        layout = torch_releases.rng_layout(convert_frame)
         record.fix(FIX, record.APPLIED, f"torch {version} < 2.10 reads the CUDA RNG state in "
-                   f"every compile; skipped while capturing ({layout(convert_frame)})", REF_RNG)
+                   f"every compile; skipped while capturing ({layout})", REF_RNG)
     else:
         record.fix(FIX, record.NOT_NEEDED, f"torch {version} >= 2.10 reads/writes the CUDA RNG "
                    "state during capture itself", REF_RNG)

@@ -22,7 +22,7 @@ import types
 from time import perf_counter
 from typing import Any, Callable, Optional, Tuple
 
-from rocm_autopatch import frames, patching
+from rocm_autopatch import frames, patching, torch_releases
 from rocm_autopatch.guards import capture, watchdog
 from rocm_autopatch.reporting import record
 
@@ -98,10 +98,10 @@ def install(convert_frame: types.ModuleType) -> None:
         if installed(convert_frame) is not None:
             return
         eager = not capture.compile_in_capture()
-        form, decline = capture.decline_form(convert_frame)
+        form, decline = torch_releases.decline_form(convert_frame)
         if eager and decline() is None:
             capture.install_capture_end_hook(torch)
-        skip_rng = capture.torch_version(torch) < capture.FIXED_IN
+        skip_rng = torch_releases.version(torch) < capture.FIXED_IN
         seconds = watchdog.install()
         if record.COMPILE is not None:
             record.COMPILE.watch(convert_frame)

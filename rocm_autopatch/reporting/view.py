@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch.reporting import collector, schema
+from rocm_autopatch.config import settings
+from rocm_autopatch.reporting import document, schema
 from rocm_autopatch.sentinel import status
 from rocm_autopatch.text import Verbatim, keep
 
@@ -24,7 +25,7 @@ ReportError = schema.ReportError
 
 def normalise(data: Any) -> Dict[str, Any]:
     """A report with every section the view reads present and of the right type."""
-    return schema.read(data, collector.ENV)
+    return schema.read(data, settings.REPORT)
 
 
 def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -272,7 +273,7 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
         "graph_breaks": _recurring(reports, "graph_breaks", ("reason", "where")),
         "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
         "diverging": diverging(reports),
-        "slowest_frames": [{**f, "process": who} for f, who in slowest[:collector.TOP]],
+        "slowest_frames": [{**f, "process": who} for f, who in slowest[:document.TOP]],
         "numerics": _graphs_not_passed(reports),
         "coverage": coverage(reports),
         "red_flags": flags,
@@ -305,7 +306,20 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                "CUDA/HIP graph was being captured; cache: Inductor's FX-graph cache; saved: "
                "the original compile time of the entries loaded, as torch records it; ? = "
                "not counted by this torch)")
+    out += _numerics_lines(view)
+    out += _breaks_and_recompiles_lines(view)
+    if sum(_rank(r) is not None for r in reports) > 1:
+        out += _diverging_lines(view)
+    out += _slowest_lines(view)
+    flags = red_flags(reports, mark=keep) + [_diverged(d) for d in view["diverging"]]
+    out += [""] + ([f"! {flag}" for flag in flags] or ["healthy"])
+    return out
+
+
+def _numerics_lines(view: Dict[str, Any]) -> List[str]:
+    procs = view["processes"]
     checked = [p for p in procs if p["verify"]["mode"] != "off"]
+    out: List[str] = []
     if checked:
         out += ["", "Numerics (ROCM_AUTOPATCH_VERIFY: compiled graphs compared with eager)"]
         for p in checked:
@@ -314,7 +328,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                        f"{v.get('passed', 0)} passed, {v.get('failed', 0)} failed, "
                        f"{v.get('fell_back', 0)} fell back, {v.get('skipped', 0)} not "
                        "compared")
-        for e in view["numerics"][:collector.TOP]:
+        for e in view["numerics"][:document.TOP]:
             out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
                        f"{e['reason']}")
             out.append(Verbatim(f"      {e['graph']}"))
@@ -328,8 +342,13 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
         if len(view["coverage"]) > COVERAGE_LINES:
             out.append(f"  ... {len(view['coverage']) - COVERAGE_LINES} more graphs "
                        "(--json lists them all)")
-    out += ["", "Graph breaks (most processes first; as torch logs them)"]
-    for e in view["graph_breaks"][:collector.TOP]:
+    return out
+
+
+def _breaks_and_recompiles_lines(view: Dict[str, Any]) -> List[str]:
+    procs = view["processes"]
+    out = ["", "Graph breaks (most processes first; as torch logs them)"]
+    for e in view["graph_breaks"][:document.TOP]:
         out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}: {e['reason']}")
         out.append(Verbatim(f"      at {e['where']}"))
         if e.get("explanation"):
@@ -339,26 +358,33 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
     if not view["graph_breaks"]:
         out.append("  none")
     out += ["", "Recompiles (most processes first; the guards torch says failed)"]
-    for e in view["recompiles"][:collector.TOP]:
+    for e in view["recompiles"][:document.TOP]:
         out.append(f"  x{e['count']} in {len(e['processes'])} of {len(procs)}:")
         out.append(Verbatim(f"      {e['where']}"))
         out += [f"      {line.strip()}" for line in str(e["reason"]).splitlines()[:6]]
     if not view["recompiles"]:
         out.append("  none")
-    if sum(_rank(r) is not None for r in reports) > 1:
-        out += ["", "Where ranks diverge (a rank that recompiles alone can hang collectives)"]
-        for d in view["diverging"][:collector.TOP]:
-            if d["what"] == "recompile":
-                out.append(f"  recompiled in {', '.join(d['processes'])} only "
-                           f"(not {', '.join(d['not_in'])}):")
-                out.append(Verbatim(f"      {d['where']}"))
-                out.append(f"      {str(d['reason']).splitlines()[0]}")
-            else:
-                out.append(f"  compiled a different number of times ({d['reason']}):")
-                out.append(Verbatim(f"      {d['where']}"))
-        if not view["diverging"]:
-            out.append("  none: every rank compiled the same frames the same number of times")
-    out += ["", "Slowest frames (seconds compiling, forward and backward; compiles)"]
+    return out
+
+
+def _diverging_lines(view: Dict[str, Any]) -> List[str]:
+    out = ["", "Where ranks diverge (a rank that recompiles alone can hang collectives)"]
+    for d in view["diverging"][:document.TOP]:
+        if d["what"] == "recompile":
+            out.append(f"  recompiled in {', '.join(d['processes'])} only "
+                       f"(not {', '.join(d['not_in'])}):")
+            out.append(Verbatim(f"      {d['where']}"))
+            out.append(f"      {str(d['reason']).splitlines()[0]}")
+        else:
+            out.append(f"  compiled a different number of times ({d['reason']}):")
+            out.append(Verbatim(f"      {d['where']}"))
+    if not view["diverging"]:
+        out.append("  none: every rank compiled the same frames the same number of times")
+    return out
+
+
+def _slowest_lines(view: Dict[str, Any]) -> List[str]:
+    out = ["", "Slowest frames (seconds compiling, forward and backward; compiles)"]
     for f in view["slowest_frames"]:
         back = f.get("backward_seconds")
         out.append(Verbatim(f"  {f['seconds']:>8.2f} s x{f.get('compiles', '?')} "
@@ -366,6 +392,4 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                             + (f" (backward {back:.2f} s)" if back else "")))
     if not view["slowest_frames"]:
         out.append("  none")
-    flags = red_flags(reports, mark=keep) + [_diverged(d) for d in view["diverging"]]
-    out += [""] + ([f"! {flag}" for flag in flags] or ["healthy"])
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
-from rocm_autopatch.sentinel import judge, memory, numerics
+from rocm_autopatch.sentinel import judge, memory, numerics, reference
 from rocm_autopatch.sentinel.status import FAILED
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],
         if i in made:
             x = made[i]
         elif i in wanted:
-            x = (numerics.to_fp64(x.detach()) if fp64 else x.detach()).requires_grad_()
+            x = (reference.to_fp64(x.detach()) if fp64 else x.detach()).requires_grad_()
         inputs.append(x)
     with torch.enable_grad():
         outs = [o for o in numerics.leaves(run(*inputs))
@@ -92,6 +92,6 @@ def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],
         if len(upstream) != len(outs):
             raise RuntimeError("the runs disagree on which outputs require grad")
         grads = torch.autograd.grad(outs, [inputs[i] for i in wanted],
-                                    [numerics.to_fp64(g) if fp64 else g for g in upstream],
+                                    [reference.to_fp64(g) if fp64 else g for g in upstream],
                                     allow_unused=True)
     return list(grads), upstream

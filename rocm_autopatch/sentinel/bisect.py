@@ -244,6 +244,26 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
             "not reproduced: the repro's compiled graph matches eager here (a failure that "
             "depends on values not saved, another GPU or another build?)"))
         return
+    found = _torch_stage(runner, result)
+    if found is None:
+        return
+    if _knobs(runner, env, text, found, result):
+        return
+    if result["change"] is None:
+        tried = any(not t["outcome"].startswith("not tried") for t in result["tried"])
+        if isinstance(result["torch_bisector"], str):
+            answer = f"torch's bisector {result['torch_bisector']}" + (
+                "; no knob tried made it match" if tried else "; no knob applies here")
+        else:
+            answer = _answer(found) + (f"; but {result['fix_checked']}"
+                                       if result.get("fix_checked") else "") + (
+                "; no knob tried made it match" if tried else "")
+        result.update(status="not found", answer=answer)
+
+
+def _torch_stage(runner: Runner, result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """torch's bisector over the repro, and its answer's change checked alone; None where
+    every stage matched (the answer is given)."""
     try:
         from torch._inductor.compiler_bisector import CompilerBisector
     except ImportError:
@@ -254,30 +274,35 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
         result["torch_bisector"] = (f"not run: torch {torch.__version__} has no "
                                     "torch._inductor.compiler_bisector.CompilerBisector "
                                     "(torch >= 2.6)")
-        found: Dict[str, Any] = {"stage": "inductor"}  # only the knobs can be tried
-    else:
-        found = _torch_bisect(runner)
-        result["torch_bisector"] = found
-        if found.get("stage") is None:
-            result.update(status="not found", answer=(
-                "not found: with the bisector on, every stage matched eager (a failure that "
-                "does not reproduce every time?)"))
-            return
-        result["so_far"] = _answer(found)
-        change = _change(found)
-        if change is not None:
-            # What is remembered is checked first: the change alone, as the next run applies
-            # it (torch's bisector names the first wrong application; the fix covers them all).
-            what = f"the fix alone: {fixes.describe(change)}"
-            matched = runner.good(what, change=change)
-            if not matched and not runner.verdict:  # it crashed or timed out: not evidence
-                matched = runner.good(what + " (again: the last run gave no verdict)",
-                                      change=change)
-            if matched:
-                result.update(status="found", answer=_answer(found), change=change)
-            else:
-                result["fix_checked"] = (f"{fixes.describe(change)} alone does not make it "
-                                         f"match: {runner.last}")
+        return {"stage": "inductor"}  # only the knobs can be tried
+    found = _torch_bisect(runner)
+    result["torch_bisector"] = found
+    if found.get("stage") is None:
+        result.update(status="not found", answer=(
+            "not found: with the bisector on, every stage matched eager (a failure that "
+            "does not reproduce every time?)"))
+        return None
+    result["so_far"] = _answer(found)
+    change = _change(found)
+    if change is not None:
+        # What is remembered is checked first: the change alone, as the next run applies
+        # it (torch's bisector names the first wrong application; the fix covers them all).
+        what = f"the fix alone: {fixes.describe(change)}"
+        matched = runner.good(what, change=change)
+        if not matched and not runner.verdict:  # it crashed or timed out: not evidence
+            matched = runner.good(what + " (again: the last run gave no verdict)",
+                                  change=change)
+        if matched:
+            result.update(status="found", answer=_answer(found), change=change)
+        else:
+            result["fix_checked"] = (f"{fixes.describe(change)} alone does not make it "
+                                     f"match: {runner.last}")
+    return found
+
+
+def _knobs(runner: Runner, env: Dict[str, Any], text: str, found: Dict[str, Any],
+           result: Dict[str, Any]) -> bool:
+    """The ROCm knobs, each where it applies; True when one makes the graph match."""
     for knob in KNOBS:
         why_not = knob.applies(env, text)
         if not why_not and found.get("stage") not in ("inductor",):
@@ -294,17 +319,8 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
         if fixed:
             result.update(status="found", change=knob.change,
                           answer=f"{knob.name} makes it match ({knob.ref})")
-            return
-    if result["change"] is None:
-        tried = any(not t["outcome"].startswith("not tried") for t in result["tried"])
-        if isinstance(result["torch_bisector"], str):
-            answer = f"torch's bisector {result['torch_bisector']}" + (
-                "; no knob tried made it match" if tried else "; no knob applies here")
-        else:
-            answer = _answer(found) + (f"; but {result['fix_checked']}"
-                                       if result.get("fix_checked") else "") + (
-                "; no knob tried made it match" if tried else "")
-        result.update(status="not found", answer=answer)
+            return True
+    return False
 
 
 def _env_json(folder: str) -> Dict[str, Any]:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import check, graph_record, numerics, schedule
+from rocm_autopatch.sentinel import check, graph_record, numerics, reference, schedule
 from rocm_autopatch.sentinel.status import FELL_BACK, PENDING, SKIPPED
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
@@ -99,7 +99,7 @@ class Graph:
         """The same, as the float64 reference; the float64 values of the nodes in
         ``self.kept`` are kept there (the operands of argmax and comparisons)."""
         return numerics.bind_state(
-            lambda *xs: numerics.run_fp64(self.gm, list(xs), self.kept), self.gm, self.names)
+            lambda *xs: reference.run_fp64(self.gm, list(xs), self.kept), self.gm, self.names)
 
     @functools.cached_property
     def derived(self) -> Dict[int, Any]:

@@ -120,35 +120,12 @@ def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
     else:
         floor_ok = torch_ok
     both = good & torch.isfinite(r64) & torch.isfinite(c64)
-    rule, worst_c, worst_e, rms_c, rms_e, bias_c, bias_e = "", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    rule, errors = "", (0.0, 0.0, 0.0, 0.0)
     if both.any():
-        fv, cv, rv = f64[both], c64[both], r64[both]
-        rms = float(torch.sqrt(torch.mean(fv * fv)))
-        unit = info.eps * torch.clamp(fv.abs(), min=max(rms, info.tiny))
-        err_c, err_e = (cv - fv) / unit, (rv - fv) / unit
-        worst_c, worst_e = float(err_c.abs().max()), float(err_e.abs().max())
-        scale = info.eps * max(rms, info.tiny)
-        rms_c = float(torch.sqrt(torch.mean((cv - fv) ** 2))) / scale
-        rms_e = float(torch.sqrt(torch.mean((rv - fv) ** 2))) / scale
-        sign = torch.sign(fv)
-        bias_c, bias_e = float(torch.mean(err_c * sign)), float(torch.mean(err_e * sign))
-        if not strict or fv.numel() < MIN_ELEMENTS:
-            pass
-        elif worst_c > max(LOCAL_ULPS, LOCAL_RATIO * worst_e):
-            count = int((err_c.abs() > max(LOCAL_ULPS, LOCAL_RATIO * worst_e)).sum())
-            rule = "localized"
-            detail = (f"{count} of {fv.numel()} elements off float64 by up to {worst_c:.3g} "
-                      f"rounding units (eager's worst: {worst_e:.3g})")
-        elif rms_c > max(SYSTEMATIC_FLOOR, rms_e * (
-                SYSTEMATIC_RATIO_LOW if dtype in LOW_PRECISION
-                and fv.numel() >= LOW_PRECISION_ELEMENTS else SYSTEMATIC_RATIO)):
-            rule = "systematic"
-            detail = (f"RMSE against float64 {rms_c:.3g} rounding units, eager's "
-                      f"{rms_e:.3g}")
-        elif abs(bias_c) > max(BIAS_FLOOR, BIAS_RATIO * abs(bias_e)):
-            rule = "systematic"
-            detail = (f"a consistent relative bias of {bias_c:+.3g} rounding units against "
-                      f"float64 (eager's {bias_e:+.3g})")
+        errors, rule, said = _in_rounding_units(f64[both], c64[both], r64[both], info, dtype,
+                                                strict)
+        detail = said if rule else detail
+    worst_c, worst_e, rms_c, rms_e = errors
     stats["compiled_worst_ulps"] = max(stats.get("compiled_worst_ulps", 0.0), worst_c)
     stats["eager_worst_ulps"] = max(stats.get("eager_worst_ulps", 0.0), worst_e)
     stats["compiled_rmse_ulps"] = max(stats.get("compiled_rmse_ulps", 0.0), rms_c)
@@ -164,6 +141,39 @@ def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
                     _rmse(c, f) if isinstance(f, torch.Tensor) else None,
                     _rmse(r, f) if isinstance(f, torch.Tensor) else None,
                     nonfinite, detail or "differs", rule, torch_ok), torch_ok
+
+
+def _in_rounding_units(fv: torch.Tensor, cv: torch.Tensor, rv: torch.Tensor, info: Any,
+                       dtype: Any, strict: bool) -> Tuple[Tuple[float, ...], str, str]:
+    """Compiled's and eager's errors against float64 (``fv``) in rounding units: (worst
+    compiled, worst eager, RMSE compiled, RMSE eager), and the rule they break with its
+    detail ("" where none: a loose judge, or too few elements to tell)."""
+    rms = float(torch.sqrt(torch.mean(fv * fv)))
+    unit = info.eps * torch.clamp(fv.abs(), min=max(rms, info.tiny))
+    err_c, err_e = (cv - fv) / unit, (rv - fv) / unit
+    worst_c, worst_e = float(err_c.abs().max()), float(err_e.abs().max())
+    scale = info.eps * max(rms, info.tiny)
+    rms_c = float(torch.sqrt(torch.mean((cv - fv) ** 2))) / scale
+    rms_e = float(torch.sqrt(torch.mean((rv - fv) ** 2))) / scale
+    sign = torch.sign(fv)
+    bias_c, bias_e = float(torch.mean(err_c * sign)), float(torch.mean(err_e * sign))
+    errors = (worst_c, worst_e, rms_c, rms_e)
+    if not strict or fv.numel() < MIN_ELEMENTS:
+        return errors, "", ""
+    if worst_c > max(LOCAL_ULPS, LOCAL_RATIO * worst_e):
+        count = int((err_c.abs() > max(LOCAL_ULPS, LOCAL_RATIO * worst_e)).sum())
+        return errors, "localized", (f"{count} of {fv.numel()} elements off float64 by up to "
+                                     f"{worst_c:.3g} rounding units (eager's worst: "
+                                     f"{worst_e:.3g})")
+    if rms_c > max(SYSTEMATIC_FLOOR, rms_e * (
+            SYSTEMATIC_RATIO_LOW if dtype in LOW_PRECISION
+            and fv.numel() >= LOW_PRECISION_ELEMENTS else SYSTEMATIC_RATIO)):
+        return errors, "systematic", (f"RMSE against float64 {rms_c:.3g} rounding units, "
+                                      f"eager's {rms_e:.3g}")
+    if abs(bias_c) > max(BIAS_FLOOR, BIAS_RATIO * abs(bias_e)):
+        return errors, "systematic", (f"a consistent relative bias of {bias_c:+.3g} rounding "
+                                      f"units against float64 (eager's {bias_e:+.3g})")
+    return errors, "", ""
 
 
 def _ties(r: torch.Tensor, c: torch.Tensor, how: Derived) -> bool:

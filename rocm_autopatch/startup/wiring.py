@@ -54,9 +54,9 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
         report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
                          else f"ROCm build (HIP {report.hip_version})")
         if log.setting(settings.REPORT).strip():  # unset: not even loaded
-            from rocm_autopatch.reporting import collector
+            from rocm_autopatch.reporting import lifecycle
 
-            collector.arm()
+            lifecycle.arm()
         if settings.raw(settings.CACHE) is not None or settings.names(
                 suffix="FORCE_DISABLE_CACHES"):
             from rocm_autopatch.config import caches  # unset: not even loaded
