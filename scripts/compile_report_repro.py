@@ -11,7 +11,7 @@ a data-dependent branch, print, untraceable calls, a break in a nested function,
 ``graph_break()``; recompiles on dtype, shape, an int argument and a global), ``train`` (a
 training step: the backward is compiled at the first ``backward()``), ``nothing`` (imports
 torch, compiles nothing: a launcher). ``EXTRA=1``: one more recompile in this process.
-Its last stdout line is JSON about this process. Used by tests/test_compile_report.py
+Its last stdout line is JSON about this process. Used by tests/reporting/test_compile_report.py
 (which holds the report to ``TORCH_LOGS=graph_breaks,recompiles`` of the same run);
 results across torch releases in benchmarks/results/compile-report-compat.txt (TESTING.md).
 """

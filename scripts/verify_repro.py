@@ -16,7 +16,7 @@ buffers itself, as Dynamo's do on torch 2.4; the second with the miscompile), ``
 buffer written with ``index_copy_`` over 3 calls), ``train_bug`` (3 training steps with
 the injected miscompile), ``no_fp64`` (a custom op with no float64 kernel), ``models``
 (GPT-2, Llama and ViT from transformers, small random configs, fp32 and bf16). Used by
-tests/test_verify.py.
+tests/sentinel/test_verify.py.
 """
 
 import copy

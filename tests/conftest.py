@@ -118,6 +118,21 @@ def rank_lines(stdout: str) -> List[dict]:
     return sorted(found, key=lambda r: r["rank"])
 
 
+def doctor(venv_: Venv, *args: str, env: Optional[Dict[str, str]] = None
+           ) -> subprocess.CompletedProcess:
+    """``rocm-autopatch doctor *args`` as installed in ``venv_`` (run from the venv, so that
+    no checkout shadows the installed package)."""
+    return subprocess.run([str(venv_.path / "bin" / "rocm-autopatch"), "doctor", *args],
+                          capture_output=True, text=True, env=clean_env(**(env or {})),
+                          timeout=600, cwd=str(venv_.path))
+
+
+def flat(text: str) -> str:
+    """Doctor text with its 80-column wrapping undone (where it wraps depends on how deep
+    the temporary directory is)."""
+    return " ".join(text.split())
+
+
 def pip(python: str, *args: str) -> None:
     subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     *args], check=True, env=clean_env())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-from conftest import ROOT, Venv, clean_env
+from conftest import ROOT, Venv, clean_env, doctor
 
 # A deliberate graph break and a recompile, and the other programs named in its docstring.
 SCRIPT = (ROOT / "scripts" / "compile_report_repro.py").read_text()
@@ -35,11 +35,6 @@ def run(venv: Venv, tmp_path: Path, env: Dict[str, str], *args: str,
     return subprocess.run([venv.python, str(script), *args], capture_output=True, text=True,
                           env=clean_env(ROCM_AUTOPATCH="force", **env),
                           cwd=str(popen.pop("cwd", tmp_path)), timeout=600, **popen)
-
-
-def doctor(venv: Venv, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv.path / "bin" / "rocm-autopatch"), "doctor", *args],
-                          capture_output=True, text=True, env=clean_env(), timeout=300)
 
 
 def files(directory: Path) -> List[Path]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Dict, Optional
 
 import pytest
-from conftest import ROOT, Venv, clean_env
+from conftest import ROOT, Venv, clean_env, doctor
 
 import rocm_autopatch
 from rocm_autopatch.config import profiles
@@ -17,13 +16,6 @@ SECTIONS = ["Install", "Platform", "Environment",
             "Configuration (key: before -> after, source, status)",
             "torch.compile rewrites and fixes"]
 STANDIN = str(ROOT / "tests" / "standin_rocm_torch")
-
-
-def doctor(venv: Venv, *args: str, env: Optional[Dict[str, str]] = None
-           ) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv.path / "bin" / "rocm-autopatch"), "doctor", *args],
-                          capture_output=True, text=True, env=clean_env(**(env or {})),
-                          timeout=600, cwd=str(venv.path))
 
 
 def safe_keys() -> set:

@@ -1,0 +1,106 @@
+"""The sentinel's judge, value by value, in this process: the false alarms and misses of
+issue 24 (argmax tie, fp16 overflow, off-by-one, 16 of 16M, bf16 bias) and overlapping
+views in the references' copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.fast
+
+
+def _judge(eager: Any, compiled: Any, fp64: Any, derived: Any = None) -> Any:
+    from rocm_autopatch.sentinel import judge
+
+    return judge.compare([eager], [compiled], [fp64], judge.TOL_FORWARD, derived)
+
+
+def _noisy(exact: Any, ulps: float, gen: Any, bias: float = 0.0) -> Any:
+    """``exact`` with a rounding-like relative error of about ``ulps`` bf16 units, and a
+    relative ``bias`` (a kernel that computes 1% too much), rounded to bf16."""
+    torch = pytest.importorskip("torch")
+    eps = torch.finfo(torch.bfloat16).eps
+    noise = torch.randn(exact.shape, dtype=torch.float64, generator=gen) * ulps * eps
+    return (exact * (1 + bias + noise)).to(torch.bfloat16)
+
+
+def test_an_argmax_tie_broken_the_other_way_is_not_a_miscompile() -> None:
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import judge
+
+    logits64 = torch.tensor([[1.0, 3.0, 3.0 + 1e-4, 0.5], [2.0, 0.1, 0.2, 0.3]],
+                            dtype=torch.float64)
+    eager, tie = torch.tensor([1, 0]), torch.tensor([2, 0])  # 3.0 vs 3.0001 in bf16: a tie
+    how = {0: judge.Derived("argmax", [logits64], torch.bfloat16, -1, False)}
+    found = _judge(eager, tie, tie, how)
+    assert found.bad == [] and found.torch_failed == [0]  # torch's criterion: a false alarm
+    wrong = torch.tensor([3, 0])  # 0.5 is no tie with 3.0
+    (bad,) = _judge(eager, wrong, wrong, how).bad
+    assert bad.rule == "integer" and "not a tie" in bad.detail
+
+
+def test_an_integer_off_by_one_is_caught() -> None:
+    torch = pytest.importorskip("torch")
+    pages = torch.arange(1000, 5000, dtype=torch.int64)
+    off = pages.clone()
+    off[7] += 1
+    found = _judge(pages, off, pages)
+    assert [m.rule for m in found.bad] == ["integer"] and found.torch_failed == []
+
+
+def test_fp16_overflow_to_inf_is_the_right_rounding() -> None:
+    torch = pytest.importorskip("torch")
+    exact = torch.tensor([70000.0, 1.0, -2.0], dtype=torch.float64)  # beyond fp16's 65504
+    eager = torch.tensor([65504.0, 1.0, -2.0], dtype=torch.float16)  # rounded three times
+    compiled = exact.to(torch.float16)  # rounded once: inf
+    assert torch.isinf(compiled[0])
+    assert _judge(eager, compiled, exact).bad == []
+    nan = compiled.clone()
+    nan[1] = float("nan")  # but a NaN where float64 is 1.0 is wrong
+    (bad,) = _judge(eager, nan, exact).bad
+    assert bad.rule == "non-finite" and bad.nonfinite == 1
+
+
+def test_a_few_wrong_values_among_millions_are_caught() -> None:
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randn(16 * 2**20, dtype=torch.float64, generator=gen)
+    eager = exact.to(torch.bfloat16)  # in bf16 eager's own rounding hides them from an RMSE
+    compiled = eager.clone()
+    compiled[torch.randperm(exact.numel(), generator=gen)[:16]] = 0.0
+    found = _judge(eager, compiled, exact)
+    assert [m.rule for m in found.bad] == ["localized"] and found.torch_failed == []
+    assert " of 16777216 elements off float64" in found.bad[0].detail  # a zero is no error
+
+
+def test_a_systematic_bf16_bias_is_caught_and_rounding_noise_is_not() -> None:
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(1)
+    exact = torch.randn(2**20, dtype=torch.float64, generator=gen)
+    eager = _noisy(exact, 4.0, gen)  # eager rounds at every op: its error has grown
+    healthy = _noisy(exact, 3.0, gen)  # a fused kernel rounds less
+    assert _judge(eager, healthy, exact).bad == []
+    biased = _noisy(exact, 3.0, gen, bias=0.01)  # SiLU 1% too large, seen at the output
+    found = _judge(eager, biased, exact)
+    assert [m.rule for m in found.bad] == ["systematic"] and found.torch_failed == []
+
+
+def test_overlapping_views_stay_overlapping_in_the_references_copies() -> None:
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import numerics
+
+    buffer = torch.arange(10.0)
+    a, b = buffer[0:6], buffer[4:10]  # share elements 4 and 5
+    snap = numerics.Snapshot([a, b, torch.ones(2)], frozenset({0}))
+    assert snap.indices == {0, 1}
+    for fp64 in (False, True):
+        copies = snap.make(fp64=fp64)
+        copies[0].add_(100)
+        assert copies[1][0].item() == 104 and copies[1][2].item() == 6
+        assert copies[0].dtype == (torch.float64 if fp64 else torch.float32)
+    a.add_(1)
+    snap.restore([a, b])
+    assert torch.equal(buffer, torch.arange(10.0))
+
