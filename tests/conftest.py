@@ -223,18 +223,23 @@ def new_venv(path: Path, links: Path, *, system_site: bool = False) -> Venv:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     """The longest tests (marked ``heavy``, with their seconds on the 2-core CI machine)
-    start first, alternately at the head of each worker's half: pytest-xdist's worksteal
-    hands each of the two workers a contiguous half of this list and steals from the tail,
-    so a long test left near the end would run alone while the other worker sits idle."""
+    start first, dealt in turn to the head of each worker's share: pytest-xdist's worksteal
+    hands each worker a contiguous share of this list and steals from the tail, so a long
+    test left near the end would run alone while the other workers sit idle."""
     def seconds(item: pytest.Item) -> float:
         mark = item.get_closest_marker("heavy")
         return float(mark.args[0]) if mark else 0.0
 
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     heavy = sorted((i for i in items if seconds(i)), key=seconds, reverse=True)
     light = [i for i in items if not seconds(i)]
-    first, second = heavy[0::2], heavy[1::2]
-    cut = max(0, len(items) // 2 - len(first))
-    items[:] = first + light[:cut] + second + light[cut:]
+    share, ordered = len(items) // workers, []
+    for k in range(workers):
+        dealt = heavy[k::workers]
+        take = max(0, share - len(dealt)) if k < workers - 1 else len(light)
+        ordered += dealt + light[:take]
+        light = light[take:]
+    items[:] = ordered
 
 
 TIMELINE = os.environ.get("ROCM_AUTOPATCH_TEST_TIMELINE")  # a file: when each test ran, where

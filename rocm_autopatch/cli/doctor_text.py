@@ -71,11 +71,15 @@ def _fixes(data: Dict[str, Any]) -> List[str]:
     return out
 
 
+def _heading(data: Dict[str, Any], title: str, untouched: str) -> List[str]:
+    """A section's title, and what stands where the package applied nothing."""
+    return [title] + ([] if data["report"]["active"] else [f"  nothing applied: {untouched}"])
+
+
 def _config(data: Dict[str, Any]) -> List[str]:
     r = data["report"]
-    out = ["Configuration (key: before -> after, source, status)"]
-    if not r["active"]:
-        out.append("  nothing applied: torch's own configuration is in use")
+    out = _heading(data, "Configuration (key: before -> after, source, status)",
+                   "torch's own configuration is in use")
     for c in r["config"]:
         line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
         out.append(line)
@@ -99,9 +103,7 @@ def _config(data: Dict[str, Any]) -> List[str]:
 
 def _rewrites(data: Dict[str, Any]) -> List[str]:
     r = data["report"]
-    out = ["torch.compile rewrites and fixes"]
-    if not r["active"]:
-        out.append("  nothing applied: torch.compile is torch's own")
+    out = _heading(data, "torch.compile rewrites and fixes", "torch.compile is torch's own")
     for name, fix in r["fixes"].items():
         ref = f" [{fix['ref']}]" if fix.get("ref") else ""
         out.append(f"  {name}: {fix['status']}: {fix['reason']}{ref}")

@@ -16,12 +16,15 @@ from typing import Dict, Optional
 import pytest
 from conftest import Venv, clean_env, rank_lines
 
+# The graph is a GEMM alone: Inductor calls ATen's kernel and generates none, so that a cold
+# compile (a fresh cache, as in a new container) costs no C++ build: what is cached and hit is
+# the same FX-graph entry (a gelu epilogue cost 10-40 s of g++ per cold run on the CPU).
 JOB = r'''
 import json, os, torch
 from torch._dynamo.utils import counters
-f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) * 2 + 1)
+f = torch.compile(lambda x: x @ x.T)
 x = torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
-ok = bool(torch.allclose(f(x), torch.nn.functional.gelu(x @ x.T) * 2 + 1, atol=1e-5))
+ok = bool(torch.allclose(f(x), x @ x.T, atol=1e-5))
 import rocm_autopatch
 fix = rocm_autopatch.report().fixes.get("compile_cache")
 print(json.dumps({"ok": ok, "hit": counters["inductor"]["fxgraph_cache_hit"],
@@ -167,9 +170,9 @@ RANKS = r'''
 import json, os, torch, torch.distributed as dist
 from torch._dynamo.utils import counters
 dist.init_process_group("gloo")
-f = torch.compile(lambda x: torch.nn.functional.gelu(x @ x.T) * 2 + 1)
+f = torch.compile(lambda x: x @ x.T)  # a GEMM alone, as JOB
 x = torch.randn(32, 32, generator=torch.Generator().manual_seed(dist.get_rank()))
-ok = bool(torch.allclose(f(x), torch.nn.functional.gelu(x @ x.T) * 2 + 1, atol=1e-5))
+ok = bool(torch.allclose(f(x), x @ x.T, atol=1e-5))
 dist.barrier()
 print(json.dumps({"rank": dist.get_rank(), "ok": ok,
                   "hit": counters["inductor"]["fxgraph_cache_hit"],
