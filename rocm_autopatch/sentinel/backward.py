@@ -71,7 +71,7 @@ def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],
            upstream: Optional[List[Any]], fp64: bool) -> Tuple[List[Any], List[Any]]:
     """(d(sum(out * g))/d(input) for the ``wanted`` inputs, the ``g`` used). ``g`` is drawn
     once, seeded, from a private generator (the program's random streams are untouched),
-    in each output's dtype; the float64 run gets the same values."""
+    in each output's dtype; every run gets the same values, each in a copy of its own."""
     import torch
 
     made = pre.make(fp64=fp64)
@@ -91,7 +91,10 @@ def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],
                                     dtype=torch.float32).to(o.dtype) for o in outs]
         if len(upstream) != len(outs):
             raise RuntimeError("the runs disagree on which outputs require grad")
+        # Each run gets its own copy of ``g``: a compiled backward may write into the
+        # gradients it is handed (Inductor reuses their buffers), and the next run would
+        # judge against what it left there (seen with DDP's compiled pieces).
         grads = torch.autograd.grad(outs, [inputs[i] for i in wanted],
-                                    [reference.to_fp64(g) if fp64 else g for g in upstream],
-                                    allow_unused=True)
+                                    [reference.to_fp64(g) if fp64 else g.clone()
+                                     for g in upstream], allow_unused=True)
     return list(grads), upstream

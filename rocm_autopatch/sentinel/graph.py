@@ -132,8 +132,9 @@ class Graph:
         from rocm_autopatch.guards import capture
 
         if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
-                not self.lock.acquire(blocking=False):
-            # Inside graph capture nothing may synchronise; another thread is checking it.
+                numerics.fake_call(args) or not self.lock.acquire(blocking=False):
+            # Inside graph capture nothing may synchronise; fake tensors are a compiler's
+            # propagation, not the program's call; another thread is checking it.
             return self.compiled(*args, **kwargs)
         try:
             if self.fast is not None:

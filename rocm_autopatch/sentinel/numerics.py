@@ -286,6 +286,20 @@ def _draws_random(func: Any, values: Dict[str, Any]) -> bool:
     return not any(values.get(name) is False for name in ("train", "training"))
 
 
+def fake_call(args: Any) -> bool:
+    """Is this a call on fake tensors? Dynamo's DDPOptimizer runs each compiled piece of a
+    DDP model on fake tensors while it compiles the next one
+    (``torch/_dynamo/backends/distributed.py`` ``SubmodCompiler``): a propagation of shapes,
+    not a call of the program's, which must neither be checked nor counted. The first
+    tensor decides (a boxed call passes one list)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for x in (args[0] if len(args) == 1 and isinstance(args[0], list) else args):
+        if isinstance(x, torch.Tensor):
+            return isinstance(x, FakeTensor)
+    return False
+
+
 def _version(t: Any) -> Optional[int]:
     try:
         return t._version if isinstance(t, torch.Tensor) else None

@@ -1,0 +1,346 @@
+"""A real two-rank job (issue 35): the sentinel, the caches and the job view over NCCL.
+
+    python benchmarks/two_gpu.py [--json PATH] [--arms ddp,tp,cache,report] [--steps 4]
+
+Each arm is ``torchrun --standalone --nproc-per-node 2`` on this file's worker (NCCL on two
+GPUs; gloo on the CPU, where it is checked before a GPU is spent), ROCm behaviour forced, a
+Llama-class model from transformers (random weights, bf16 on the GPU) under
+``torch.compile``, run in a session of its own and killed with every rank past its limit:
+"hung" is a result, never a wait. The arms:
+
+- ``ddp``: DistributedDataParallel training steps, the sentinel off, under ``check`` and
+  ``fallback`` with a miscompile on rank 1 only (SiLU's decomposition 20% too large there,
+  injected on purpose), and under ``check`` with rank 1 short of GPU memory for its checks
+  (a tensor holds all but a little of its free memory). The losses and gradient norms of
+  every step, per rank, against the sentinel off (``check``) and against eager (``fallback``,
+  the buggy rank running the wrong graph eagerly).
+- ``tp``: tensor-parallel inference (``torch.distributed.tensor.parallel``), whose compiled
+  graphs hold functional collectives: listed as not compared on both ranks, nothing hangs.
+- ``cache``: the same job twice with one ``ROCM_AUTOPATCH_CACHE`` and a fresh ``TMPDIR``
+  each: Inductor's FX-graph cache hits per rank, and each rank's first-call seconds.
+- ``report``: ``ROCM_AUTOPATCH_REPORT=DIR/{rank}.json`` over the ``check`` job with the bug,
+  then ``rocm-autopatch doctor --report DIR/*.json --json``: both ranks, verdicts, hits,
+  divergence flagged.
+
+The lent machine's NVLink multicast variables (NCCL_NVLS_ENABLE=0 ...) are kept: the ranks
+inherit this environment. Prints one JSON line per arm and writes them all with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.abspath(__file__)
+LIMIT = 300  # seconds an arm's job may run before it counts as hung
+
+
+# ---- the ranks ---------------------------------------------------------------------------
+
+def _setup() -> tuple:
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    return torch, dist, device, (torch.bfloat16 if cuda else torch.float32)
+
+
+def _inject(rank: int) -> None:
+    """A miscompile on the ranks that ask for it: SiLU's decomposition 20% too large (what
+    Inductor lowers; eager is untouched), with the caches of that rank its own."""
+    if str(rank) not in os.environ.get("TWO_GPU_BUG_RANKS", "").split(","):
+        return
+    import torch
+    from torch._inductor import decomposition as d
+
+    d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) * 1.2
+
+
+def _llama(torch: Any, device: Any, dtype: Any) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    big = device.type == "cuda"
+    cfg = LlamaConfig(vocab_size=32000 if big else 512, hidden_size=1024 if big else 128,
+                      intermediate_size=2816 if big else 352, num_hidden_layers=4 if big else 2,
+                      num_attention_heads=8 if big else 4, num_key_value_heads=8 if big else 4,
+                      max_position_embeddings=1024)
+    torch.manual_seed(0)  # the same weights on every rank
+    return LlamaForCausalLM(cfg).to(device, dtype), cfg
+
+
+def _hog(torch: Any, device: Any, leave: int) -> Optional[Any]:
+    """All of this GPU's free memory but ``leave`` bytes, held (the rank short of memory)."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return torch.empty(max(free - leave, 0), dtype=torch.uint8, device=device)
+
+
+def _verify_graphs() -> List[Dict[str, Any]]:
+    import rocm_autopatch
+
+    return [{k: g.get(k) for k in ("graph", "status", "reason", "checks_skipped",
+                                   "skipped_reason", "calls_checked")}
+            for g in (rocm_autopatch.report().verify or {}).get("graphs", [])]
+
+
+def worker_ddp(steps: int) -> Dict[str, Any]:
+    torch, dist, device, dtype = _setup()
+    rank = dist.get_rank()
+    _inject(rank)
+    model, cfg = _llama(torch, device, dtype)
+    peak = None
+    if str(rank) in os.environ.get("TWO_GPU_SHORT_RANKS", "").split(",") and \
+            device.type == "cuda":
+        # A dry eager step measures what the program needs; the rest of the memory is held.
+        ids = torch.randint(0, cfg.vocab_size, (4, 256), device=device)
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+        peak = torch.cuda.max_memory_allocated(device)
+        hog = _hog(torch, device, peak + 2**30)  # noqa: F841 - held for the run
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
+    run = ddp if os.environ.get("TWO_GPU_EAGER") == "1" else torch.compile(ddp)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    losses, norms, first = [], [], None
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(1000 * step + rank)
+        ids = torch.randint(0, cfg.vocab_size, (4, 256), generator=gen).to(device)
+        began = time.perf_counter()
+        loss = run(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if first is None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            first = time.perf_counter() - began
+        norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in model.parameters()))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(round(float(loss), 6))
+        norms.append(round(float(norm), 6))
+    # Collectives still paired afterwards: one more all-reduce gives the world size.
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    out = {"rank": rank, "losses": losses, "grad_norms": norms, "first_step_s": round(first, 2),
+           "paired_after": int(probe.item()), "graphs": _verify_graphs(),
+           "free_gib_for_checks": None if peak is None else round(
+               torch.cuda.mem_get_info(device)[0] / 2**30, 2)}
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def worker_tp() -> Dict[str, Any]:
+    torch, dist, device, dtype = _setup()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh(device.type, (world,))
+    torch.manual_seed(0)
+    width = 1024 if device.type == "cuda" else 128
+    mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.SiLU(),
+                              torch.nn.Linear(4 * width, width)).to(device, dtype)
+    reference = torch.nn.Sequential(*[m for m in mlp]).to(device, dtype)
+    reference.load_state_dict(mlp.state_dict())
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(8, width, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    with torch.no_grad():
+        compiled = torch.compile(mlp)
+        got = [compiled(x) for _ in range(3)][-1]
+        expect = reference(x)
+    diff = float((got.float() - expect.float()).abs().max())
+    out = {"rank": rank, "max_abs_diff_vs_unsharded": diff, "graphs": _verify_graphs()}
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def worker_cache() -> Dict[str, Any]:
+    torch, dist, device, dtype = _setup()
+    from torch._dynamo.utils import counters
+
+    rank = dist.get_rank()
+    model, cfg = _llama(torch, device, dtype)
+    model.eval()
+    compiled = torch.compile(model)
+    ids = torch.randint(0, cfg.vocab_size, (1, 128), generator=torch.Generator().manual_seed(2))
+    ids = ids.to(device)
+    dist.barrier()
+    began = time.perf_counter()
+    with torch.no_grad():
+        logits = compiled(input_ids=ids).logits
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    first = time.perf_counter() - began
+    with torch.no_grad():
+        eager = model(input_ids=ids).logits
+    out = {"rank": rank, "first_call_s": round(first, 2),
+           "fxgraph_hit": counters["inductor"]["fxgraph_cache_hit"],
+           "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
+           "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
+           "max_abs_diff_vs_eager": float((logits.float() - eager.float()).abs().max()),
+           "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+def worker(arm: str, steps: int) -> None:
+    found = {"ddp": lambda: worker_ddp(steps), "tp": worker_tp, "cache": worker_cache}[arm]()
+    print(json.dumps(found), flush=True)
+
+
+# ---- the driver --------------------------------------------------------------------------
+
+def ranks_of(stdout: str) -> List[Dict[str, Any]]:
+    """The ``{"rank": ...}`` objects the ranks printed (their lines can run together)."""
+    found, text, decoder = [], stdout, json.JSONDecoder()
+    while '{"rank"' in text:
+        text = text[text.index('{"rank"'):]
+        value, end = decoder.raw_decode(text)
+        found.append(value)
+        text = text[end:]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def job(arm: str, steps: int, limit: int = LIMIT, **env: str) -> Dict[str, Any]:
+    """One torchrun job in a session of its own; killed with its ranks past ``limit``."""
+    ours = {k: v for k, v in os.environ.items()
+            if not k.startswith(("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "TWO_GPU"))}
+    full = {**ours, "ROCM_AUTOPATCH": "force", "PYTHONUNBUFFERED": "1", **env}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", HERE, "--worker", arm, "--steps", str(steps)]
+    began = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full, start_new_session=True, cwd=tempfile.gettempdir())
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return {"hung": True, "seconds": round(time.perf_counter() - began, 1),
+                "stderr": err[-1500:]}
+    said = [ln for ln in err.splitlines() if "rocm-autopatch" in ln]
+    return {"hung": False, "rc": proc.returncode, "seconds": round(time.perf_counter() - began, 1),
+            "ranks": ranks_of(out), "rocm_autopatch_lines": said[:12],
+            "stderr": err[-1500:] if proc.returncode else ""}
+
+
+def _own_caches(work: str, name: str) -> Dict[str, str]:
+    """Inductor's caches of this job alone (the injected bug is not in their keys); Triton's
+    binaries shared (keyed by the kernel's source, which the bug changes)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(work, name, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(work, "triton")}
+
+
+def arm_ddp(work: str, steps: int) -> List[Dict[str, Any]]:
+    bug = {"TWO_GPU_BUG_RANKS": "1"}
+    runs = [("off, no bug", {}), ("eager, bug on rank 1 (the right answer)",
+                                  {**bug, "TWO_GPU_EAGER": "1"}),
+            ("off, bug on rank 1", bug),
+            ("check, bug on rank 1", {**bug, "ROCM_AUTOPATCH_VERIFY": "check"}),
+            ("fallback, bug on rank 1", {**bug, "ROCM_AUTOPATCH_VERIFY": "fallback",
+                                         "ROCM_AUTOPATCH_VERIFY_BISECT": "0"}),
+            ("check, rank 1 short of memory", {"ROCM_AUTOPATCH_VERIFY": "check",
+                                               "TWO_GPU_SHORT_RANKS": "1"})]
+    results = []
+    for i, (name, env) in enumerate(runs):
+        found = job("ddp", steps, **_own_caches(work, f"ddp{i}"),
+                    ROCM_AUTOPATCH_VERIFY_DIR=os.path.join(work, f"repros{i}"), **env)
+        results.append({"arm": f"ddp: {name}", **found})
+        print(json.dumps(results[-1])[:3000], flush=True)
+    return results
+
+
+def arm_tp(work: str, steps: int) -> List[Dict[str, Any]]:
+    found = {"arm": "tp: check", **job("tp", steps, **_own_caches(work, "tp"),
+                                         ROCM_AUTOPATCH_VERIFY="check")}
+    print(json.dumps(found)[:3000], flush=True)
+    return [found]
+
+
+def arm_cache(work: str, steps: int) -> List[Dict[str, Any]]:
+    root, results = os.path.join(work, "mounted-cache"), []
+    for name in ("cold", "warm"):
+        fresh = tempfile.mkdtemp(dir=work, prefix=f"tmp-{name}-")
+        found = job("cache", steps, ROCM_AUTOPATCH_CACHE=root, TMPDIR=fresh)
+        results.append({"arm": f"cache: {name}", **found})
+        print(json.dumps(results[-1])[:3000], flush=True)
+    return results
+
+
+def arm_report(work: str, steps: int) -> List[Dict[str, Any]]:
+    folder = os.path.join(work, "reports")
+    os.makedirs(folder)
+    found = job("ddp", steps, **_own_caches(work, "report"), TWO_GPU_BUG_RANKS="1",
+                ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_DIR=os.path.join(
+                    work, "repros-report"),
+                ROCM_AUTOPATCH_REPORT=os.path.join(folder, "{rank}.json"))
+    files = sorted(glob.glob(os.path.join(folder, "*.json")))
+    doctor = subprocess.run([sys.executable, "-m", "rocm_autopatch", "doctor", "--report",
+                             *files, "--json"], capture_output=True, text=True, timeout=300,
+                            cwd=tempfile.gettempdir())
+    try:
+        view = json.loads(doctor.stdout)
+    except ValueError:
+        view = {"error": doctor.stderr[-1500:]}
+    summary = {k: view.get(k) for k in ("healthy", "red_flags", "diverging", "numerics")}
+    summary["processes"] = [{k: p.get(k) for k in ("rank", "pid", "graphs", "cache", "verify")}
+                            for p in view.get("processes", [])]
+    result = {"arm": "report: check, bug on rank 1", "files": [os.path.basename(f)
+                                                               for f in files],
+              "doctor_exit": doctor.returncode, "job": {"hung": found.get("hung"),
+                                                        "rc": found.get("rc")},
+              "view": summary}
+    print(json.dumps(result)[:3000], flush=True)
+    return [result]
+
+
+ARMS = {"ddp": arm_ddp, "tp": arm_tp, "cache": arm_cache, "report": arm_report}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--arms", default="ddp,tp,cache,report")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.steps)
+        return
+    import torch
+
+    work = tempfile.mkdtemp(prefix="rocm-autopatch-two-gpu-")
+    info = {"devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            or ["cpu (gloo)"], "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "steps": args.steps}
+    print(json.dumps(info), flush=True)
+    results: List[Dict[str, Any]] = []
+    for arm in args.arms.split(","):
+        results += ARMS[arm](work, args.steps)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"meta": info, "results": results}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
