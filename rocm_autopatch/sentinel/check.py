@@ -40,17 +40,26 @@ class Check:
         self.values: Any = None  # the inputs' magnitudes now
         self.call_seconds = 0.0
         self.work_start = 0.0
+        self.calling = False  # inside the program's own compiled call
 
     def run(self) -> Any:
-        if (self.unanalysable() or self.not_comparable() or self.too_large()
-                or self.not_copied()):
+        try:
+            if (self.unanalysable() or self.not_comparable() or self.too_large()
+                    or self.not_copied()):
+                return self.unchecked()
+            if self.wrote_unforeseen():
+                return self.res
+            compared = self.compare()
+            if compared is None:
+                return self.res
+            return self.verdict(*compared)
+        except Exception as exc:  # noqa: BLE001 - a check never costs the program its call
+            if self.calling:
+                raise  # the program's own call raised: its error, as without us
+            self.graph.skip(f"not checked: the check itself failed ({type(exc).__name__}: "
+                            f"{memory.first_line(exc)})")
+            memory.release()
             return self.unchecked()
-        if self.wrote_unforeseen():
-            return self.res
-        compared = self.compare()
-        if compared is None:
-            return self.res
-        return self.verdict(*compared)
 
     def unchecked(self) -> Any:
         """This call's result, without a check."""
@@ -81,8 +90,13 @@ class Check:
         return True
 
     def not_comparable(self) -> bool:
-        """Random ops differ by design; effects (custom ops) must not run twice."""
+        """Collectives must pair on every rank (the fake run finds those Dynamo's graph does
+        not name: tensor parallelism on torch 2.11); random ops differ by design; effects
+        (custom ops) must not run twice. Decided from graph and shapes: alike on all ranks."""
         analysis = self.analysis
+        if analysis.collectives:
+            self.graph.finish(SKIPPED, numerics.not_compared(analysis.collectives))
+            return True
         if analysis.random:
             self.graph.finish(SKIPPED, f"not compared: it calls random ops "
                                        f"({', '.join(analysis.random)}), whose compiled and "
@@ -136,7 +150,9 @@ class Check:
         before = numerics.versions(flat)
         memory.sync(self.device)
         began = time.perf_counter()
+        self.calling = True
         self.res = self.graph.compiled(*self.args)
+        self.calling = False
         memory.sync(self.device)
         self.call_seconds = time.perf_counter() - began
         unforeseen = numerics.changed(flat, before) - self.analysis.mutated
@@ -151,41 +167,13 @@ class Check:
         references could not be computed (the check is skipped)."""
         try:
             with numerics.quiet():
-                return self._references()
+                return references(self.graph, self.flat, self.pre, self.res,
+                                  sorted(self.analysis.mutated))
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
             self.graph.skip("not checked: computing the eager or float64 reference "
                             f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
             memory.release()
             return None
-
-    def _references(self) -> Tuple[List[Any], int]:
-        """Eager and float64 run on the same inputs: what they write goes to copies of the
-        state before the call (overlapping views still overlap); what they only read is
-        shared, never copied."""
-        import torch
-
-        graph, flat, mutated = self.graph, self.flat, sorted(self.analysis.mutated)
-        made, made64 = self.pre.make(), self.pre.make(fp64=True)
-        eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
-        inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
-        graph.kept = {node: None for op in graph.derived.values() for node in op[1]
-                      if isinstance(node, torch.fx.Node)}
-        with torch.no_grad():
-            ref = graph.eager_run(*eager_inputs)
-            ref64 = graph.fp64_run(*inputs64)
-        derived = {i: judge.Derived(op, [graph.kept.get(n, n) if isinstance(n, torch.fx.Node)
-                                         else n for n in nodes], dtype, dim, keepdim)
-                   for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
-        graph.kept = {}
-        outputs = len(numerics.leaves(ref))
-        verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
-                                numerics.leaves(self.res) + [flat[i] for i in mutated],
-                                numerics.leaves(ref64) + [inputs64[i] for i in mutated],
-                                judge.TOL_FORWARD, derived)
-        graph.note(judge={"ours": "failed" if verdict.bad else "passed",
-                          "torch_criterion": "failed" if verdict.torch_failed else "passed",
-                          **{k: round(v, 3) for k, v in verdict.stats.items()}})
-        return verdict.bad, outputs
 
     def verdict(self, bad: List[Any], outputs: int) -> Any:
         """The backward pass where the forward passed, the schedule told, the record kept;
@@ -215,3 +203,33 @@ class Check:
         if graph.entry["status"] in (PENDING, SKIPPED):
             graph.settle(PASSED)
         return self.res
+
+
+def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int]
+               ) -> Tuple[List[Any], int]:
+    """Eager and float64 run on the same inputs: what they write goes to copies of the
+    state before the call (overlapping views still overlap); what they only read is
+    shared, never copied."""
+    import torch
+
+    made, made64 = pre.make(), pre.make(fp64=True)
+    eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
+    inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+    graph.kept = {node: None for op in graph.derived.values() for node in op[1]
+                  if isinstance(node, torch.fx.Node)}
+    with torch.no_grad():
+        ref = graph.eager_run(*eager_inputs)
+        ref64 = graph.fp64_run(*inputs64)
+    derived = {i: judge.Derived(op, [graph.kept.get(n, n) if isinstance(n, torch.fx.Node)
+                                     else n for n in nodes], dtype, dim, keepdim)
+               for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
+    graph.kept = {}
+    outputs = len(numerics.leaves(ref))
+    verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
+                            numerics.leaves(res) + [flat[i] for i in mutated],
+                            numerics.leaves(ref64) + [inputs64[i] for i in mutated],
+                            judge.TOL_FORWARD, derived)
+    graph.note(judge={"ours": "failed" if verdict.bad else "passed",
+                      "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                      **{k: round(v, 3) for k, v in verdict.stats.items()}})
+    return verdict.bad, outputs

@@ -40,6 +40,7 @@ class Analysis(NamedTuple):
     effects: Tuple[str, ...] = ()  # ops that may act outside the graph (custom ops)
     temp_bytes: int = 0  # every tensor the graph creates, in its own dtype
     temp_fp64_bytes: int = 0  # the same, floating ones in float64
+    collectives: Tuple[str, ...] = ()  # collectives it dispatches (never run again)
 
 
 # Ops whose namespace makes them pure functions of their inputs (or random, found apart):
@@ -132,6 +133,12 @@ def _storage(t: torch.Tensor) -> Any:
     return StorageWeakRef(t.untyped_storage())
 
 
+def not_compared(collectives: Tuple[str, ...]) -> str:
+    """Why a graph that communicates is not compared (the record's reason)."""
+    return (f"not compared: it communicates ({', '.join(collectives)}); running it again on "
+            "one rank would pair its collectives with the wrong ones on the others")
+
+
 def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
     """Which inputs ``gm`` (a graph, or one bound to its state) writes and which random ops
     it calls, from a run on fake tensors."""
@@ -142,6 +149,7 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
     written: set = set()
     random: Dict[str, None] = {}
     effects: Dict[str, None] = {}
+    talks: Dict[str, None] = {}
     seen: set = set()
     made = [0, 0]  # bytes the graph creates: in its dtypes, in float64
 
@@ -162,18 +170,12 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
             if _draws_random(func, values):
                 random[str(func.overloadpacket.__name__)] = None
             namespace = getattr(func, "namespace", "aten")
-            if namespace not in PURE_NAMESPACES:
+            if namespace in COLLECTIVE_NAMESPACES:
+                talks[f"{namespace}::{func.overloadpacket.__name__}"] = None
+            elif namespace not in PURE_NAMESPACES:
                 effects[f"{namespace}::{func.overloadpacket.__name__}"] = None
             out = func(*a, **kw)
-            for t in leaves(out):
-                if isinstance(t, torch.Tensor):
-                    storage = _storage(t)
-                    if storage not in seen:
-                        seen.add(storage)
-                        size = t.untyped_storage().nbytes()
-                        made[0] += size
-                        made[1] += (size // t.element_size() * 8 if t.is_floating_point()
-                                    else size)
+            _count_new(out, seen, made)
             return out
 
     try:
@@ -188,7 +190,32 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
             if isinstance(f, torch.Tensor) and (_storage(f) in written or _version(f) != v))
     except Exception as exc:  # noqa: BLE001 - a graph we cannot analyse is not checked
         return Analysis(frozenset(), (), f"{type(exc).__name__}: {_first_line(exc)}")
-    return Analysis(mutated, tuple(random), "", tuple(effects), made[0], made[1])
+    return Analysis(mutated, tuple(random), "", tuple(effects), _concrete(made[0]),
+                    _concrete(made[1]), tuple(talks))
+
+
+def _concrete(size: Any) -> int:
+    """A byte count as a plain int. The fake run's shape environment makes sizes symbolic
+    (each with the real call's value as its hint); a symbolic total reached the skip
+    message's format string and raised into the program (the two-GPU job, rank 1 short of
+    memory). A size with no hint counts as unknown, 0."""
+    try:
+        return int(size)
+    except Exception:  # noqa: BLE001 - an unbacked size: nothing to add
+        return 0
+
+
+def _count_new(out: Any, seen: set, made: List[int]) -> None:
+    """Add the bytes of the storages ``out`` creates (not seen before) to ``made``: in their
+    own dtype, and as float64 for the floating ones."""
+    for t in leaves(out):
+        if isinstance(t, torch.Tensor):
+            storage = _storage(t)
+            if storage not in seen:
+                seen.add(storage)
+                size = t.untyped_storage().nbytes()
+                made[0] += size
+                made[1] += size // t.element_size() * 8 if t.is_floating_point() else size
 
 
 @contextlib.contextmanager

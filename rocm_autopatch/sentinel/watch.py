@@ -93,9 +93,7 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
             graph.note(healed=healed)
         talks = numerics.communicates(gm)
         if talks:  # decided from the graph alone: the same on every rank
-            graph.finish(SKIPPED, f"not compared: it communicates ({', '.join(talks)}); "
-                                  "running it again on one rank would pair its collectives "
-                                  "with the wrong ones on the others")
+            graph.finish(SKIPPED, numerics.not_compared(talks))
 
         def run(*call_args: Any, **call_kwargs: Any) -> Any:
             fast = graph.fast

@@ -1,0 +1,58 @@
+"""The sentinel's analysis of a graph, in this process: what it dispatches, found on fake
+tensors. A collective is a collective whatever Dynamo's graph names (on the two-GPU job,
+torch 2.11, a tensor-parallel graph named none and its collectives were reported as custom
+ops with side effects), and a call on fake tensors is not the program's."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.fast
+
+
+def test_collectives_found_on_fake_tensors_are_collectives_not_side_effects() -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from rocm_autopatch.sentinel import numerics
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+        found = numerics.analyse(step, [torch.ones(4)])
+        assert found.error == "" and found.effects == ()
+        assert found.collectives and all(c.startswith("_c10d_functional::")
+                                         for c in found.collectives)
+        assert numerics.not_compared(found.collectives).startswith(
+            "not compared: it communicates (_c10d_functional::all_reduce")
+        assert numerics.analyse(lambda x: x.sin(), [torch.ones(4)]).collectives == ()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_call_on_fake_tensors_is_not_the_programs() -> None:
+    torch = pytest.importorskip("torch")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rocm_autopatch.sentinel import numerics
+
+    fake = FakeTensorMode().from_tensor(torch.ones(2))
+    assert numerics.fake_call((fake, 3)) and numerics.fake_call(([fake],))
+    assert not numerics.fake_call((torch.ones(2),)) and not numerics.fake_call((1, "a"))
+
+
+def test_the_memory_a_check_needs_is_a_plain_number() -> None:
+    """The fake run's shape environment makes sizes symbolic; the totals are the real
+    call's bytes as ints (a symbolic total once raised from the skip message's format
+    string into the program: the two-GPU job, a rank short of memory)."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import numerics
+
+    found = numerics.analyse(lambda x: (x.sin() * 2).sum(0), [torch.ones(4, 8)])
+    assert type(found.temp_bytes) is int and type(found.temp_fp64_bytes) is int
+    assert found.temp_bytes == 4 * 8 * 4 * 2 + 8 * 4  # sin, mul, sum: float32
+    assert found.temp_fp64_bytes == 2 * found.temp_bytes
+    assert f"{found.temp_bytes / 2**30:.2f}" == "0.00"
