@@ -147,8 +147,8 @@ def is_recompilation(bound: Dict[str, Any]) -> bool:
 # The error leaving ``_compile`` when a frame passes the recompile limit: by type, or by
 # torch's message (both differ per release).
 RECOMPILE_LIMIT_ERRORS = ("RecompileLimitExceeded", "CacheLimitExceeded")
-RECOMPILE_LIMIT_MESSAGE = re.compile(r"(cache|recompile)[\w ]*limit (reached|exceeded)",
-                                     re.IGNORECASE)
+RECOMPILE_LIMIT_MESSAGE = r"(cache|recompile)[\w ]*limit (reached|exceeded)"  # searched as
+# text: compiling it at import would cost every ``import torch`` ~0.1 ms
 # torch's function that finds a recompile's guard failures (its name per release).
 RECOMPILE_REASONS = ("get_and_maybe_log_recompilation_reasons",
                      "get_and_maybe_log_recompilation_reason")
@@ -156,7 +156,7 @@ RECOMPILE_REASONS = ("get_and_maybe_log_recompilation_reasons",
 
 def hit_recompile_limit(error: BaseException) -> bool:
     return (type(error).__name__ in RECOMPILE_LIMIT_ERRORS
-            or bool(RECOMPILE_LIMIT_MESSAGE.search(str(error))))
+            or re.search(RECOMPILE_LIMIT_MESSAGE, str(error), re.IGNORECASE) is not None)
 
 
 # ---- what torch records of its compiles (torch._dynamo.utils) ----------------------------
