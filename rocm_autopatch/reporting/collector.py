@@ -35,7 +35,6 @@ leaves no temporary file behind.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -45,7 +44,7 @@ from typing import Any, Dict, Optional, Tuple
 from rocm_autopatch import frames, log, patching, torch_releases
 from rocm_autopatch.config import settings
 from rocm_autopatch.guards import compile_frame
-from rocm_autopatch.reporting import breaks, document, placement
+from rocm_autopatch.reporting import breaks
 
 ENV = settings.REPORT
 
@@ -226,33 +225,6 @@ class Collector:
         slot["seconds"] += seconds
 
     # ---- at exit --------------------------------------------------------------------
-
-    def write(self) -> None:
-        """The exit handler: write the file once per process; never raises."""
-        if self.written and self.pid == os.getpid():
-            return
-        self.written = True
-        if self.compiles == 0 and not self.backward:
-            return  # compiled nothing (a launcher, a data worker): no file
-        path = "?"
-        try:
-            path = placement.path(self.template)
-            doc = document.build(self)
-            path = placement.place(path, json.dumps(doc, indent=1, default=repr), self.started)
-        except Exception as exc:  # noqa: BLE001 - never at exit
-            try:
-                log.warn_once(("compile_report", "write"),
-                              f"{ENV}={self.template!r}: cannot write the compile report to "
-                              f"{path}: {getattr(exc, 'strerror', None) or exc}; nothing "
-                              "written (give a writable path to a regular file, e.g. "
-                              "/tmp/report-{rank}.json)")
-            except Exception:  # noqa: BLE001
-                pass
-            return
-        try:
-            log.summary(document.summary(doc, path))
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _failure(error: BaseException) -> str:

@@ -1,21 +1,20 @@
-"""The compile report's document, made from a collector's counts at exit: the process, the
-record behind ``report()``, the ``compile`` section (with what this torch does not count,
-and why) and the one summary line. Fields as ``schema`` declares them.
+"""The compile report's document, made from a collector's counts at exit and written: the
+process, the record behind ``report()``, the ``compile`` section (with what this torch does
+not count, and why) and the one summary line. Fields as ``schema`` declares them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from rocm_autopatch import log, torch_releases
 from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import placement, record, schema
-
-if TYPE_CHECKING:
-    from rocm_autopatch.reporting.collector import Collector
+from rocm_autopatch.reporting.collector import Collector
 
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
 # Torch's counters of its caches: (group, key, the module that counts it).
@@ -142,3 +141,31 @@ def summary(doc: Dict[str, Any], path: str) -> str:
 def _number(name: str) -> Optional[str]:
     found = log.setting(name)
     return None if found is None else str(found)
+
+
+def write(col: Collector) -> None:
+    """The exit handler: write ``col``'s file once per process; never raises."""
+    if col.written and col.pid == os.getpid():
+        return
+    col.written = True
+    if col.compiles == 0 and not col.backward:
+        return  # compiled nothing (a launcher, a data worker): no file
+    path = "?"
+    try:
+        path = placement.path(col.template)
+        doc = build(col)
+        path = placement.place(path, json.dumps(doc, indent=1, default=repr), col.started)
+    except Exception as exc:  # noqa: BLE001 - never at exit
+        try:
+            log.warn_once(("compile_report", "write"),
+                          f"{settings.REPORT}={col.template!r}: cannot write the compile "
+                          f"report to {path}: {getattr(exc, 'strerror', None) or exc}; "
+                          "nothing written (give a writable path to a regular file, e.g. "
+                          "/tmp/report-{rank}.json)")
+        except Exception:  # noqa: BLE001
+            pass
+        return
+    try:
+        log.summary(summary(doc, path))
+    except Exception:  # noqa: BLE001
+        pass

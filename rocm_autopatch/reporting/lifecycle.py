@@ -7,6 +7,7 @@ run). Armed only where ``ROCM_AUTOPATCH_REPORT`` is set.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import threading
@@ -14,7 +15,7 @@ from typing import Optional
 
 from rocm_autopatch import log
 from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import placement, record
+from rocm_autopatch.reporting import document, placement, record
 from rocm_autopatch.reporting.collector import ENV, Collector
 
 _lock = threading.Lock()
@@ -45,7 +46,8 @@ def _write_at_multiprocessing_exit(collector: Collector) -> None:
 
 
 def _finalizer(collector: Collector) -> None:
-    sys.modules["multiprocessing.util"].Finalize(None, collector.write, exitpriority=0)
+    sys.modules["multiprocessing.util"].Finalize(None, functools.partial(document.write, collector),
+                                                 exitpriority=0)
 
 
 def arm() -> Optional[Collector]:
@@ -61,7 +63,7 @@ def arm() -> Optional[Collector]:
         record.COMPILE = collector
     claim = f"{os.getpid()} {placement.path(collector.template)}"
     settings.export(settings.REPORT_CLAIM, claim, keep=True)
-    atexit.register(collector.write)
+    atexit.register(document.write, collector)
     _write_at_multiprocessing_exit(collector)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -8,16 +8,13 @@ and what to do next. A graph compiled with a remembered fix that fails again for
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, List
 
 from rocm_autopatch import log
 from rocm_autopatch.config import settings
 from rocm_autopatch.sentinel import fixes, numerics, repro, schedule
+from rocm_autopatch.sentinel.graph import Graph
 from rocm_autopatch.sentinel.status import FAILED, FELL_BACK, REF
-
-if TYPE_CHECKING:
-    from rocm_autopatch.sentinel.check import Check
-    from rocm_autopatch.sentinel.graph import Graph
 
 ENV = settings.VERIFY
 
@@ -27,26 +24,27 @@ def bisect_limit() -> float:
     return log.setting(settings.VERIFY_BISECT)
 
 
-def raise_alarm(graph: Graph, m: Any, outputs: int, call: Check, grad: bool,
-                which: str) -> Any:
-    """``m``: the first value the judge rejected (None: the backward pass differs). The
-    call's result: the compiled one under ``check``, eager's under ``fallback``."""
+def raise_alarm(graph: Graph, m: Any, outputs: int, why: str, flat: List[Any], pre: Any,
+                res: Any, grad: bool, which: str) -> Any:
+    """``m``: the first value the judge rejected (None: the backward pass differs); ``why``
+    the call was checked; ``flat`` its inputs, ``pre`` their state before it, ``res`` its
+    compiled result. The call's result: the compiled one under ``check``, eager's under
+    ``fallback``."""
     what = graph.entry["backward"] if m is None else describe(m, outputs, graph.gm)
-    _record(graph, m, outputs, call.why)
+    _record(graph, m, outputs, why)
     falling_back = graph.how == "fallback"
-    made = call.pre.make()  # the inputs as they were before the call, for the repro
+    made = pre.make()  # the inputs as they were before the call, for the repro
     count = len(graph.placeholders)
-    folder = repro.write(graph.gm, [made.get(i, x) for i, x in enumerate(call.flat[:count])],
+    folder = repro.write(graph.gm, [made.get(i, x) for i, x in enumerate(flat[:count])],
                          {**graph.entry, "status": FELL_BACK if falling_back else FAILED,
                           "reason": f"{which} differs from eager"})
     graph.note(repro=folder)
-    res = call.res
     if falling_back:
         # This call gets eager's result, computed on the real inputs from their state
         # before the call (what the compiled call wrote is undone first).
-        call.pre.restore(call.flat)
+        pre.restore(flat)
         with numerics.grad_mode(grad):
-            res = graph.gm(*call.flat[:count])
+            res = graph.gm(*flat[:count])
     healed = ""
     if graph.healed is not None:
         # The remembered fix did not hold (another shape, other values): not used again.
@@ -55,9 +53,9 @@ def raise_alarm(graph: Graph, m: Any, outputs: int, call: Check, grad: bool,
         fixes.forget(graph.healed.get("fingerprint"))
     plan = graph.schedule
     graph.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager"
-                 + (f" (at call {plan.calls:,}, {schedule.BECAUSE[call.why]})"
+                 + (f" (at call {plan.calls:,}, {schedule.BECAUSE[why]})"
                     if plan.calls > 1 else "") + healed)
-    log.warn_once(("verify", id(graph)), _warning(graph, what, call.why, folder, falling_back))
+    log.warn_once(("verify", id(graph)), _warning(graph, what, why, folder, falling_back))
     return res
 
 

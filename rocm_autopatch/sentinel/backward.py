@@ -8,13 +8,11 @@ writes. Checked only where the forward passed and the gradients fit in memory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from rocm_autopatch.sentinel import judge, memory, numerics, reference
+from rocm_autopatch.sentinel.graph import Graph
 from rocm_autopatch.sentinel.status import FAILED
-
-if TYPE_CHECKING:
-    from rocm_autopatch.sentinel.graph import Graph
 
 # Where a graph holds its module's tensors itself (numerics.held), why its compiled
 # code cannot be run again on copies of them for a backward check.

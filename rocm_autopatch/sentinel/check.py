@@ -10,14 +10,12 @@ call returns the compiled result; the program's call is never lost to a check.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
 from rocm_autopatch.sentinel import alarm, backward, judge, memory, numerics, schedule
+from rocm_autopatch.sentinel.graph import Graph, busy
 from rocm_autopatch.sentinel.status import FAILED, PASSED, PENDING, SKIPPED
-
-if TYPE_CHECKING:
-    from rocm_autopatch.sentinel.graph import Graph
 
 
 class Check:
@@ -197,9 +195,11 @@ class Check:
         if bad:
             if grad:
                 graph.note(backward="not checked: the forward pass already differs")
-            return alarm.raise_alarm(graph, bad[0], outputs, self, grad, "forward")
+            return alarm.raise_alarm(graph, bad[0], outputs, self.why, self.flat, self.pre,
+                                     self.res, grad, "forward")
         if not passed:
-            return alarm.raise_alarm(graph, None, outputs, self, grad, "backward")
+            return alarm.raise_alarm(graph, None, outputs, self.why, self.flat, self.pre,
+                                     self.res, grad, "backward")
         if graph.entry["status"] in (PENDING, SKIPPED):
             graph.settle(PASSED)
         return self.res
@@ -233,3 +233,66 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
                       "torch_criterion": "failed" if verdict.torch_failed else "passed",
                       **{k: round(v, 3) for k, v in verdict.stats.items()}})
     return verdict.bad, outputs
+
+
+def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """One call of ``graph``: run compiled, or checked where the schedule says it is due.
+    Never checked inside graph capture (nothing may synchronise there), on fake tensors
+    (a compiler's propagation), inside another check, or while another thread checks it."""
+    import torch
+
+    from rocm_autopatch.guards import capture
+
+    if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
+            numerics.fake_call(args) or not graph.lock.acquire(blocking=False):
+        # Inside graph capture nothing may synchronise; fake tensors are a compiler's
+        # propagation, not the program's call; another thread is checking it.
+        return graph.compiled(*args, **kwargs)
+    try:
+        if graph.fast is not None:
+            return graph.fast(*args)
+        flat, boxed = graph.inputs(args)
+        if flat is None:
+            graph.finish(SKIPPED, "not checked: called with inputs that do not match the "
+                                 "graph")
+            return graph.compiled(*args)
+        plan = graph.schedule
+        seen = plan.shapes_seen
+        try:
+            why = plan.due(flat)
+        except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
+            why = None
+        graph.entry["calls"] = plan.calls
+        if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
+            graph.note(**plan.coverage())
+        if why is None:
+            res = graph.compiled(*args)
+            if plan.dynamic and large_output_is_new(graph, res):
+                return timed(graph, args, flat, boxed, schedule.SHAPE, res)
+            return res
+        return timed(graph, args, flat, boxed, why, None)
+    finally:
+        graph.lock.release()
+
+
+def large_output_is_new(graph: Graph, res: Any) -> bool:
+    """An output of 2^31 bytes or elements or more, where no checked call had one, from
+    a graph that writes none of its inputs (so it can be checked after the call)."""
+    if (graph.schedule.large_output_checked or not graph.analyses
+            or any(a.mutated for a in graph.analyses.values())):
+        return False
+    return schedule.large(numerics.leaves(res))
+
+
+def timed(graph: Graph, args: Tuple[Any, ...], flat: List[Any], boxed: bool, why: str,
+          res: Any) -> Any:
+    """One checked call, its seconds added to the graph's record."""
+    busy.checking = True
+    start = time.perf_counter()
+    try:
+        return Check(graph, args, flat, boxed, why, res).run()
+    finally:
+        busy.checking = False
+        with record.LOCK:
+            graph.entry["seconds"] = round(graph.entry["seconds"]
+                                          + time.perf_counter() - start, 3)

@@ -1,21 +1,17 @@
 """One compiled graph under the sentinel's watch: its eager copy, its compiled function, its
-record, and each call's way through (run compiled, or checked by ``check``).
-
-A call is checked when the schedule says it is due; a check never runs inside graph
-capture (nothing may synchronise there), in a thread while another checks the same graph,
-or inside another check. Once a graph is settled for good (passed for its life, skipped,
-fallen back) every call goes straight to ``fast``.
+schedule and its record, and the runs a check makes of it (eager, float64). Once a graph is
+settled for good (passed for its life, skipped, fallen back) every call goes straight to
+``fast``. What happens to each call is ``check``'s.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import check, graph_record, numerics, reference, schedule
+from rocm_autopatch.sentinel import graph_record, numerics, reference, schedule
 from rocm_autopatch.sentinel.status import FELL_BACK, PENDING, SKIPPED
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
@@ -123,61 +119,3 @@ class Graph:
         if boxed:
             args[0].clear()  # the convention: the callee releases the caller's list
         return self.gm(*flat)
-
-    # ---- a call --------------------------------------------------------------------------
-
-    def call(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        import torch
-
-        from rocm_autopatch.guards import capture
-
-        if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
-                numerics.fake_call(args) or not self.lock.acquire(blocking=False):
-            # Inside graph capture nothing may synchronise; fake tensors are a compiler's
-            # propagation, not the program's call; another thread is checking it.
-            return self.compiled(*args, **kwargs)
-        try:
-            if self.fast is not None:
-                return self.fast(*args)
-            flat, boxed = self.inputs(args)
-            if flat is None:
-                self.finish(SKIPPED, "not checked: called with inputs that do not match the "
-                                     "graph")
-                return self.compiled(*args)
-            plan = self.schedule
-            seen = plan.shapes_seen
-            try:
-                why = plan.due(flat)
-            except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
-                why = None
-            self.entry["calls"] = plan.calls
-            if plan.shapes_seen != seen or plan.stride != self.entry["values_stride"]:
-                self.note(**plan.coverage())
-            if why is None:
-                res = self.compiled(*args)
-                if plan.dynamic and self.large_output_is_new(res):
-                    return self.timed(args, flat, boxed, schedule.SHAPE, res)
-                return res
-            return self.timed(args, flat, boxed, why, None)
-        finally:
-            self.lock.release()
-
-    def large_output_is_new(self, res: Any) -> bool:
-        """An output of 2^31 bytes or elements or more, where no checked call had one, from
-        a graph that writes none of its inputs (so it can be checked after the call)."""
-        if (self.schedule.large_output_checked or not self.analyses
-                or any(a.mutated for a in self.analyses.values())):
-            return False
-        return schedule.large(numerics.leaves(res))
-
-    def timed(self, args: Tuple[Any, ...], flat: List[Any], boxed: bool, why: str,
-              res: Any) -> Any:
-        busy.checking = True
-        start = time.perf_counter()
-        try:
-            return check.Check(self, args, flat, boxed, why, res).run()
-        finally:
-            busy.checking = False
-            with record.LOCK:
-                self.entry["seconds"] = round(self.entry["seconds"]
-                                              + time.perf_counter() - start, 3)

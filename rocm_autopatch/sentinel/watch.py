@@ -38,7 +38,7 @@ from rocm_autopatch import frames, log, patching
 from rocm_autopatch.config import settings
 from rocm_autopatch.guards import compile_frame
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import alarm, background, fixes, memory, numerics, repro
+from rocm_autopatch.sentinel import alarm, background, check, fixes, memory, numerics, repro
 from rocm_autopatch.sentinel.graph import Graph, busy
 from rocm_autopatch.sentinel.graph_record import section
 from rocm_autopatch.sentinel.status import FAILED, FELL_BACK, NAME, PASSED, PENDING, REF, SKIPPED
@@ -99,7 +99,7 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
             fast = graph.fast
             if fast is not None and not call_kwargs:
                 return fast(*call_args)
-            return graph.call(call_args, call_kwargs)
+            return check.call(graph, call_args, call_kwargs)
 
         # Its attributes (Dynamo reads some), but not Dynamo's own bookkeeping: a returned
         # function that is already a disable() wrapper (torch 2.4-2.9) carries
