@@ -13,7 +13,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import alarm, backward, judge, memory, numerics, schedule
+from rocm_autopatch.sentinel import alarm, backward, judge, memory, numerics, schedule, snapshot
 from rocm_autopatch.sentinel.graph import Graph, busy
 from rocm_autopatch.sentinel.status import FAILED, PASSED, PENDING, SKIPPED
 
@@ -117,7 +117,7 @@ class Check:
             plan.magnitudes = schedule.Magnitudes(
                 schedule.watched_inputs(self.flat, self.count, self.analysis.mutated))
         need = numerics.reference_bytes(
-            self.analysis, numerics.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
+            self.analysis, snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)
         room = memory.free_bytes(self.device) if self.device is not None else None
         if room is None or need <= room * memory.SHARE:
@@ -131,7 +131,7 @@ class Check:
         """The magnitudes now, and a copy of the state the call writes."""
         try:
             self.values = self.graph.schedule.magnitudes.now(self.flat)
-            self.pre = numerics.Snapshot(self.flat, self.analysis.mutated)
+            self.pre = snapshot.Snapshot(self.flat, self.analysis.mutated)
         except Exception as exc:  # noqa: BLE001 - out of memory, odd aliasing: not checked
             self.graph.skip("not checked: the state it writes could not be copied "
                             f"({type(exc).__name__}: {memory.first_line(exc)})")

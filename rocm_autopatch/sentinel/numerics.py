@@ -11,7 +11,7 @@ The torch-facing machinery of the numerics sentinel (``schedule`` decides when t
   ``nondeterministic_seeded`` tag), the ops that may have side effects (outside torch's
   own namespaces) and the bytes every tensor it creates takes (the memory budget);
 - ``communicates``: the collectives a graph calls (never run again);
-- ``Snapshot``: the state a call writes, copied once per storage (views stay views);
+- ``snapshot``: the state a call writes, copied once per storage (its own module);
 - ``quiet``: the program's saved-tensor hooks do not see these runs;
 - ``reference``: the run in float64 (its own module);
 - ``derived_outputs``: integer outputs computed from floats (argmax, comparisons), whose
@@ -25,8 +25,6 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, NamedTuple, O
 
 import torch
 import torch.fx
-
-from rocm_autopatch.sentinel import reference
 
 # Batch-norm kernels (native, cuDNN, MIOpen) update running_mean/running_var in training
 # without a write annotation in their schema; AOT autograd special-cases them too.
@@ -127,7 +125,7 @@ def bind_state(fn: Callable[..., Any], gm: torch.fx.GraphModule, names: List[str
     return run
 
 
-def _storage(t: torch.Tensor) -> Any:
+def storage_of(t: torch.Tensor) -> Any:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     return StorageWeakRef(t.untyped_storage())
@@ -141,7 +139,18 @@ def not_compared(collectives: Tuple[str, ...]) -> str:
 
 def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
     """Which inputs ``gm`` (a graph, or one bound to its state) writes and which random ops
-    it calls, from a run on fake tensors."""
+    it calls, from a run on fake tensors with the call's own, concrete shapes. Only a graph
+    whose output shapes depend on data (nonzero, masked_select) is run again with symbolic
+    shapes: under a shape environment many ops' fake kernels refuse symbolic sizes
+    (diagonal, narrow_copy, split_with_sizes_copy, addbmm: "Cannot call storage_offset() on
+    tensor with symbolic sizes/strides"), and graphs made of them went unchecked."""
+    found = _analyse(gm, args, symbolic=False)
+    if found.error.startswith(("DynamicOutputShapeException", "DataDependentOutputException")):
+        found = _analyse(gm, args, symbolic=True)
+    return found
+
+
+def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysis:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -166,7 +175,7 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
                     value = values.get(arg.name)
                     for t in value if isinstance(value, (list, tuple)) else (value,):
                         if isinstance(t, torch.Tensor):
-                            written.add(_storage(t))
+                            written.add(storage_of(t))
             if _draws_random(func, values):
                 random[str(func.overloadpacket.__name__)] = None
             namespace = getattr(func, "namespace", "aten")
@@ -179,15 +188,16 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
             return out
 
     try:
-        mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+        mode = FakeTensorMode(allow_non_fake_inputs=True,
+                              shape_env=ShapeEnv() if symbolic else None)
         fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args]
-        seen.update(_storage(f) for f in fakes if isinstance(f, torch.Tensor))
+        seen.update(storage_of(f) for f in fakes if isinstance(f, torch.Tensor))
         before = [_version(f) for f in fakes]
         with mode, Recorder(), quiet():
             gm(*fakes)
         mutated = frozenset(
             i for i, (f, v) in enumerate(zip(fakes, before))
-            if isinstance(f, torch.Tensor) and (_storage(f) in written or _version(f) != v))
+            if isinstance(f, torch.Tensor) and (storage_of(f) in written or _version(f) != v))
     except Exception as exc:  # noqa: BLE001 - a graph we cannot analyse is not checked
         return Analysis(frozenset(), (), f"{type(exc).__name__}: {_first_line(exc)}")
     return Analysis(mutated, tuple(random), "", tuple(effects), _concrete(made[0]),
@@ -210,7 +220,7 @@ def _count_new(out: Any, seen: set, made: List[int]) -> None:
     own dtype, and as float64 for the floating ones."""
     for t in leaves(out):
         if isinstance(t, torch.Tensor):
-            storage = _storage(t)
+            storage = storage_of(t)
             if storage not in seen:
                 seen.add(storage)
                 size = t.untyped_storage().nbytes()
@@ -229,72 +239,6 @@ def quiet() -> Iterator[None]:
 
 def _same(t: Any) -> Any:
     return t
-
-
-# ---- the state before a call ------------------------------------------------------------
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor over the whole storage of ``t``, in ``t``'s dtype."""
-    storage = t.untyped_storage()
-    return t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
-
-
-class Snapshot:
-    """The inputs a graph writes, as they were before a call, and every input that shares
-    memory with one of them: one copy per storage, so that overlapping views still overlap
-    in the copies the references run on (two views of one buffer, one of them written)."""
-
-    def __init__(self, flat: List[Any], mutated: FrozenSet[int]) -> None:
-        by_storage: Dict[Any, List[int]] = {}
-        for i, x in enumerate(flat):
-            if isinstance(x, torch.Tensor):
-                by_storage.setdefault(_storage(x), []).append(i)
-        self.groups: List[Tuple[List[int], torch.Tensor, Optional[List[Any]]]] = []
-        for members in by_storage.values():
-            if not any(i in mutated for i in members):
-                continue
-            first = flat[members[0]]
-            if len(members) == 1:
-                self.groups.append((members, first.detach().clone(), None))
-                continue
-            if len({flat[i].dtype for i in members}) > 1:
-                raise ValueError("inputs that share memory have different dtypes")
-            layout = [(flat[i].size(), flat[i].stride(), flat[i].storage_offset())
-                      for i in members]
-            self.groups.append((members, _whole(first.detach()).clone(), layout))
-
-    @staticmethod
-    def bytes_needed(flat: List[Any], mutated: FrozenSet[int]) -> int:
-        """What one copy of the state takes (whole storages where inputs share one)."""
-        sizes: Dict[Any, int] = {}
-        for i in mutated:
-            x = flat[i]
-            if isinstance(x, torch.Tensor):
-                sizes[_storage(x)] = x.untyped_storage().nbytes()
-        return sum(sizes.values())
-
-    @property
-    def indices(self) -> FrozenSet[int]:
-        return frozenset(i for members, _, _ in self.groups for i in members)
-
-    def make(self, fp64: bool = False) -> Dict[int, torch.Tensor]:
-        """Fresh copies of the state, float64 for the reference run, views re-made."""
-        out: Dict[int, torch.Tensor] = {}
-        for members, saved, layout in self.groups:
-            copy = reference.fp64_copy(saved) if fp64 else saved.clone()
-            if layout is None:
-                out[members[0]] = copy
-            else:
-                for i, (size, stride, offset) in zip(members, layout):
-                    out[i] = copy.as_strided(size, stride, offset)
-        return out
-
-    def restore(self, flat: List[Any]) -> None:
-        """Put the state back into the program's own tensors (what a call wrote, undone)."""
-        with torch.no_grad():
-            for members, saved, layout in self.groups:
-                target = flat[members[0]]
-                (target if layout is None else _whole(target)).copy_(saved)
 
 
 def _default(arg: Any) -> Any:

@@ -56,3 +56,29 @@ def test_the_memory_a_check_needs_is_a_plain_number() -> None:
     assert found.temp_bytes == 4 * 8 * 4 * 2 + 8 * 4  # sin, mul, sum: float32
     assert found.temp_fp64_bytes == 2 * found.temp_bytes
     assert f"{found.temp_bytes / 2**30:.2f}" == "0.00"
+
+
+@pytest.mark.parametrize("op", ["diag", "trace", "narrow_copy", "split_with_sizes_copy",
+                                "addbmm", "nonzero", "masked_select"])
+def test_graphs_of_ops_that_refuse_symbolic_sizes_are_analysed(op: str) -> None:
+    """The fake run uses the call's own shapes (issue 32: 114 of torch's OpInfo graphs went
+    unchecked, "Cannot call storage_offset() on tensor with symbolic sizes/strides",
+    "SymIntArrayRef expected to contain only concrete integers"); only outputs whose shape
+    depends on data (nonzero, masked_select) are run with symbolic sizes."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import numerics
+
+    x, square = torch.randn(8), torch.randn(4, 4)
+    graphs = {
+        "diag": (torch.diag, [square]), "trace": (torch.trace, [square]),
+        "narrow_copy": (lambda t: torch.narrow_copy(t, 0, 1, 2), [square]),
+        "split_with_sizes_copy": (lambda t: torch.split_with_sizes_copy(t, [1, 3]), [square]),
+        "addbmm": (torch.addbmm, [torch.randn(3, 5), torch.randn(2, 3, 4),
+                                  torch.randn(2, 4, 5)]),
+        "nonzero": (torch.nonzero, [x]),
+        "masked_select": (lambda t: torch.masked_select(t, t > 0), [x]),
+    }
+    fn, args = graphs[op]
+    found = numerics.analyse(fn, args)
+    assert found.error == "" and found.mutated == frozenset()
+    assert numerics.analyse(lambda t: t.add_(1), [x.clone()]).mutated == frozenset({0})

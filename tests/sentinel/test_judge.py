@@ -89,11 +89,11 @@ def test_a_systematic_bf16_bias_is_caught_and_rounding_noise_is_not() -> None:
 
 def test_overlapping_views_stay_overlapping_in_the_references_copies() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel import snapshot
 
     buffer = torch.arange(10.0)
     a, b = buffer[0:6], buffer[4:10]  # share elements 4 and 5
-    snap = numerics.Snapshot([a, b, torch.ones(2)], frozenset({0}))
+    snap = snapshot.Snapshot([a, b, torch.ones(2)], frozenset({0}))
     assert snap.indices == {0, 1}
     for fp64 in (False, True):
         copies = snap.make(fp64=fp64)
