@@ -325,6 +325,28 @@ def _meta_dtype(node: Any) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None)
 
 
+_CASTS = ("float", "double", "half", "bfloat16", "to", "type", "_to_copy",
+          "convert_element_type")
+
+
+def computed_dtype(node: Any) -> Optional[torch.dtype]:
+    """The precision ``node``'s values were computed in: followed back through casts, the
+    least precise floating dtype on the way (soft-capped bf16 logits cast to float32 for
+    argmax are bf16 values)."""
+    dtype = _meta_dtype(node)
+    for _ in range(8):
+        if not (isinstance(node, torch.fx.Node) and node.op in ("call_function", "call_method")
+                and _node_name(node) in _CASTS and node.args):
+            break
+        node = node.args[0]
+        before = _meta_dtype(node)
+        if before is None or not before.is_floating_point:
+            break
+        if dtype is None or torch.finfo(before).eps > torch.finfo(dtype).eps:
+            dtype = before
+    return dtype
+
+
 def derived_outputs(gm: torch.fx.GraphModule) -> Dict[int, Tuple[str, List[Any], torch.dtype,
                                                                  Optional[int], bool]]:
     """Integer and bool outputs that come from floats through argmax, argmin or a
@@ -341,14 +363,15 @@ def derived_outputs(gm: torch.fx.GraphModule) -> Dict[int, Tuple[str, List[Any],
             if name in _ARG_OPS and args:
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
                 keepdim = bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False))
-                dtype = _meta_dtype(args[0])
+                dtype = computed_dtype(args[0])
                 if dtype is not None and dtype.is_floating_point and (dim is None or
                                                                       isinstance(dim, int)):
                     found[index] = (_ARG_OPS[name], [args[0]], dtype, dim, keepdim)
             elif name in _COMPARE_OPS and len(args) >= 2:
-                dtypes = [d for d in (_meta_dtype(a) for a in args[:2]) if d is not None]
+                dtypes = [d for d in (computed_dtype(a) for a in args[:2]) if d is not None]
                 if dtypes and all(d.is_floating_point for d in dtypes):
-                    found[index] = (_COMPARE_OPS[name], list(args[:2]), dtypes[0], None, False)
+                    coarse = max(dtypes, key=lambda d: torch.finfo(d).eps)
+                    found[index] = (_COMPARE_OPS[name], list(args[:2]), coarse, None, False)
     except Exception:  # noqa: BLE001 - then integers are judged exactly
         return {}
     return found
