@@ -7,7 +7,8 @@ For each value the graph returns or writes:
   equal_nan=True)``, as torch's minifier and benchmark suite use it. What it rejects is
   rejected, except where it is wrong by construction: an element whose exact (float64)
   value overflows the dtype, where ``inf`` is the correct rounding, is judged apart.
-- **non-finite**: NaN/inf in the compiled value where float64 is finite and representable.
+- **non-finite**: NaN/inf in the compiled value where float64 is finite and representable
+  and eager's is finite (NaN that eager computes too is not compiled's fault).
 - **localized**: the worst element's error against float64, in units of the dtype's
   rounding (``eps * max(|x|, rms)``), beyond both a floor and a multiple of eager's worst:
   a few wrong elements among millions, which an RMSE averages away.
@@ -59,7 +60,7 @@ class Mismatch(NamedTuple):
     max_abs_diff: float  # compiled vs eager
     compiled_rmse: Optional[float]  # against the float64 reference
     eager_rmse: Optional[float]
-    nonfinite: int  # NaN/inf in compiled where float64 is finite and representable
+    nonfinite: int  # NaN/inf in compiled where float64 and eager are finite
     detail: str  # what failed, in words
     rule: str = ""  # torch's criterion, non-finite, localized, systematic, integer
     torch_ok: bool = True  # what torch's criterion alone says of this value
@@ -111,7 +112,7 @@ def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
     r64, c64 = r.double(), c.double()
     overflow = f64.abs() > info.max  # inf is the right rounding there
     good = torch.isfinite(f64) & ~overflow
-    nonfinite = int((~torch.isfinite(c64) & good).sum())
+    nonfinite = int((~torch.isfinite(c64) & good & torch.isfinite(r64)).sum())
     torch_ok, detail = torch_criterion(r, c, f, tol)
     if overflow.any():  # torch's floor, without what it cannot judge
         keep = ~overflow
@@ -132,7 +133,8 @@ def _floating(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
     stats["compiled_rmse_ulps"] = max(stats.get("compiled_rmse_ulps", 0.0), rms_c)
     stats["eager_rmse_ulps"] = max(stats.get("eager_rmse_ulps", 0.0), rms_e)
     if nonfinite:
-        rule, detail = "non-finite", f"{nonfinite} NaN/inf where float64 is finite"
+        rule, detail = "non-finite", (f"{nonfinite} NaN/inf where float64 and eager are "
+                                      "finite")
     elif not floor_ok:
         rule = "torch's criterion"
     if not rule:

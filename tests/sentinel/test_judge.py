@@ -143,3 +143,18 @@ def test_soft_capped_bf16_logits_judged_in_the_precision_they_were_computed_in()
     wrong[3] = ref64[3].argmin()  # the least likely token
     (found,) = _judge(eager, wrong, compiled, how).bad
     assert found.rule == "integer" and "not a tie in float64" in found.detail
+
+
+def test_nan_that_eager_computes_too_is_not_compileds_fault() -> None:
+    """matrix_exp in bf16 overflows to NaN in eager and compiled alike where float64 is
+    finite (issue 32, torch's OpInfo samples): not a miscompile. NaN where eager is finite
+    still fails."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randn(64, 64, generator=gen, dtype=torch.float64)
+    eager, compiled = exact.bfloat16(), exact.bfloat16()
+    eager[:5] = compiled[:5] = float("nan")
+    assert _judge(eager, compiled, exact).bad == []
+    compiled[7, 3] = float("nan")
+    (found,) = _judge(eager, compiled, exact).bad
+    assert found.rule == "non-finite" and found.nonfinite == 1
