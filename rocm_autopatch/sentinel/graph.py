@@ -101,6 +101,10 @@ class Graph:
     def derived(self) -> Dict[int, Any]:
         return numerics.derived_outputs(self.gm)
 
+    @functools.cached_property
+    def uninitialised(self) -> Dict[int, str]:
+        return numerics.uninitialised_outputs(self.gm)
+
     def inputs(self, args: Tuple[Any, ...]) -> Tuple[Optional[List[Any]], bool]:
         """The graph's inputs as a list, and whether the call was boxed (one list that the
         compiled function empties). The ``_boxed_call`` attribute is not trusted: torch's

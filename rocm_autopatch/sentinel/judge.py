@@ -238,14 +238,20 @@ def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
 
 
 def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
-            derived: Optional[Dict[int, Derived]] = None, strict: bool = True) -> Judgement:
+            derived: Optional[Dict[int, Derived]] = None, strict: bool = True,
+            skip: Optional[Dict[int, str]] = None) -> Judgement:
     """Judge each compiled value of ``res`` against eager's ``ref`` with ``ref64`` (float64)
     as the truth. ``strict=False`` (gradients): torch's criterion, non-finite values and
-    integers only; the localized and systematic rules are calibrated on forward values."""
+    integers only; the localized and systematic rules are calibrated on forward values.
+    ``skip``: values not compared ({index: why}, uninitialised memory), in the stats."""
     bad: List[Mismatch] = []
     torch_failed: List[int] = []
     stats: Dict[str, Any] = {}
+    if skip:
+        stats["not_compared"] = {str(i): why for i, why in skip.items()}
     for index, (r, c, f) in enumerate(zip(ref, res, ref64)):
+        if skip and index in skip:
+            continue
         if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor):
             r, c = r.detach(), c.detach()
             f = f.detach() if isinstance(f, torch.Tensor) else f

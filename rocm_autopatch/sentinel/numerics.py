@@ -325,6 +325,23 @@ def _meta_dtype(node: Any) -> Optional[torch.dtype]:
     return getattr(value, "dtype", None)
 
 
+# Ops whose result is uninitialised memory: an output made by one is not a value to judge.
+_UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
+
+
+def uninitialised_outputs(gm: torch.fx.GraphModule) -> Dict[int, str]:
+    """{output index: the op} for outputs that are uninitialised memory (``torch.empty``
+    and its kin, returned as they are): never compared, and said so."""
+    try:
+        (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+        return {i: _node_name(node) for i, node in enumerate(leaves(out.args[0]))
+                if isinstance(node, torch.fx.Node) and node.op in ("call_function",
+                                                                   "call_method")
+                and _node_name(node) in _UNINITIALISED}
+    except Exception:  # noqa: BLE001 - then every output is compared
+        return {}
+
+
 _CASTS = ("float", "double", "half", "bfloat16", "to", "type", "_to_copy",
           "convert_element_type")
 

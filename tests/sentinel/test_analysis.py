@@ -82,3 +82,32 @@ def test_graphs_of_ops_that_refuse_symbolic_sizes_are_analysed(op: str) -> None:
     found = numerics.analyse(fn, args)
     assert found.error == "" and found.mutated == frozenset()
     assert numerics.analyse(lambda t: t.add_(1), [x.clone()]).mutated == frozenset({0})
+
+
+def test_outputs_that_are_uninitialised_memory_are_not_compared() -> None:
+    """``torch.empty``/``empty_like`` returned as they are hold whatever memory held (issue
+    32: 4 of torch's OpInfo graphs were judged wrong for it): named, never compared."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import judge, numerics
+
+    captured = []
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        captured.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(lambda x: (torch.empty_like(x), x + 1, x.new_empty(3)),
+                      backend=backend)(torch.ones(4))
+    finally:
+        torch._dynamo.reset()
+    empty = numerics.uninitialised_outputs(captured[0])
+    assert empty == {0: "empty_like", 2: "new_empty"}
+    a, b = torch.full((256,), 7.0), torch.full((256,), -3.0)
+    why = {i: f"uninitialised memory ({op})" for i, op in empty.items()}
+    found = judge.compare([a, a, a], [b, a, b], [a.double()] * 3, judge.TOL_FORWARD, skip=why)
+    assert found.bad == [] and found.stats["not_compared"] == {
+        "0": "uninitialised memory (empty_like)", "2": "uninitialised memory (new_empty)"}
+    assert [m.index for m in judge.compare([a, a], [b, a], [a.double()] * 2,
+                                           judge.TOL_FORWARD).bad] == [0]
