@@ -30,7 +30,6 @@ def raise_alarm(graph: Graph, m: Any, outputs: int, why: str, flat: List[Any], p
     the call was checked; ``flat`` its inputs, ``pre`` their state before it, ``res`` its
     compiled result. The call's result: the compiled one under ``check``, eager's under
     ``fallback``."""
-    what = graph.entry["backward"] if m is None else describe(m, outputs, graph.gm)
     _record(graph, m, outputs, why)
     falling_back = graph.how == "fallback"
     made = pre.make()  # the inputs as they were before the call, for the repro
@@ -55,7 +54,8 @@ def raise_alarm(graph: Graph, m: Any, outputs: int, why: str, flat: List[Any], p
     graph.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager"
                  + (f" (at call {plan.calls:,}, {schedule.BECAUSE[why]})"
                     if plan.calls > 1 else "") + healed)
-    log.warn_once(("verify", id(graph)), _warning(graph, what, why, folder, falling_back))
+    log.warn_once(("verify", id(graph)), _warning(graph, m, outputs, why, folder,
+                                                  falling_back))
     return res
 
 
@@ -75,43 +75,58 @@ def _record(graph: Graph, m: Any, outputs: int, why: str) -> None:
     graph.note(**found)
 
 
-def _warning(graph: Graph, what: str, why: str, folder: str, falling_back: bool) -> str:
+def _warning(graph: Graph, m: Any, outputs: int, why: str, folder: str,
+             falling_back: bool) -> str:
+    """The warning, a line a thing: which graph and what differs under which rule first,
+    then when it was found, the details, what happened to the results, the repro and what
+    to do, the evidence. The report keeps the rest (``report().verify``)."""
     plan = graph.schedule
-    unverified = graph.entry["unverified_calls"]
-    when = (f" Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" +
-            (f"; the {unverified:,} call(s) since its last good check (call "
-             f"{plan.last_good:,}) ran compiled and may have returned wrong numbers."
-             if unverified else ".")) if plan.calls > 1 else ""
-    then = (" This call returned eager's result and this graph runs eagerly from now on; "
-            "other graphs stay compiled." if falling_back else
-            f" Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
-            "this graph eagerly instead.")
+    lines = [f"numerics: {graph.label()} computes wrong numbers when compiled: "
+             + (headline(m, outputs, graph.gm) if m is not None
+                else f"the backward pass differs ({graph.entry['backward']})")]
+    if plan.calls > 1:
+        unverified = graph.entry["unverified_calls"]
+        lines.append(f"Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" + (
+            f"; the {unverified:,} call(s) since its last good check (call "
+            f"{plan.last_good:,}) ran compiled and may have returned wrong numbers"
+            if unverified else ""))
+    if m is not None:
+        lines.append(f"rule: {detail(m)}")
+    lines.append("This call returned eager's result and this graph runs eagerly from now on; "
+                 "other graphs stay compiled" if falling_back else
+                 f"Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
+                 "this graph eagerly instead")
     if folder:
-        after = (f"A bisection starts in the background at exit to name the compiler step "
-                 f"and remember the fix for the next run ({settings.VERIFY_BISECT}=0: not)."
-                 if falling_back and bisect_limit() else
-                 f"`rocm-autopatch bisect {folder}` names the compiler step and remembers "
-                 "the fix for the next run.")
-        report = (f"attach {folder} (`python {folder}/repro.py` exits 1 while it "
-                  "reproduces; env.json is the environment). " + after)
+        lines.append(f"repro: attach {folder} to a report (`python {folder}/repro.py` exits 1 "
+                     "while it reproduces; env.json is the environment)")
+        lines.append(f"next: a bisection starts in the background at exit to name the "
+                     f"compiler step and remember the fix for the next run "
+                     f"({settings.VERIFY_BISECT}=0: not)" if falling_back and bisect_limit()
+                     else f"next: `rocm-autopatch bisect {folder}` names the compiler step "
+                     "and remembers the fix for the next run")
     else:
-        report = ("TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a minimal "
-                  "repro, and `rocm-autopatch doctor --json` the environment.")
-    return (f"numerics: {graph.label()} computes wrong numbers when compiled: {what}.{when}"
-            f"{then} Compiled kernels that silently compute wrong numbers have been reported "
-            f"on AMD GPUs ({REF}); to report this one, " + report)
+        lines.append("repro: TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a "
+                     "minimal one, and `rocm-autopatch doctor --json` the environment")
+    lines.append(f"why it matters: compiled kernels that silently compute wrong numbers have "
+                 f"been reported on AMD GPUs ({REF})")
+    return "\n  ".join(lines)
 
 
-def describe(m: Any, outputs: int, gm: Any) -> str:
-    """The first rejected value in words: which, its shape and dtype, by how much, the rule."""
+def headline(m: Any, outputs: int, gm: Any) -> str:
+    """The first rejected value in a few words: which, shape and dtype, by how much, the
+    rule that rejected it."""
     if m.index < outputs:
         where = numerics.origin(gm, m.index)
         what = f"output {m.index}" + (f" (made at {where})" if where else "")
     else:
         what = f"the input it writes (#{m.index - outputs})"
-    text = (f"{what}, shape {list(m.shape)}, {m.dtype}, differs from eager by up to "
-            f"{m.max_abs_diff:.3g}")
-    text += f"; {m.rule}: {m.detail}"
+    return (f"{what}, shape {list(m.shape)}, {m.dtype}, differs from eager by up to "
+            f"{m.max_abs_diff:.3g} ({m.rule} rule)")
+
+
+def detail(m: Any) -> str:
+    """What the rule measured: its detail, the errors against float64, torch's verdict."""
+    text = f"{m.rule}: {m.detail}"
     if m.compiled_rmse is not None and m.eager_rmse is not None:
         text += (f"; error against float64: compiled {m.compiled_rmse:.3g}, eager "
                  f"{m.eager_rmse:.3g} (RMSE)")

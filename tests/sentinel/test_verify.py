@@ -33,7 +33,16 @@ def run(venv: Venv, tmp_path: Path, scenario: str, **env: str
 
 
 def warnings(proc: subprocess.CompletedProcess) -> list:
-    return [line for line in proc.stderr.splitlines() if "numerics:" in line]
+    """The sentinel's warnings: a first line naming the graph, then its indented lines."""
+    found: list = []
+    for line in proc.stderr.splitlines():
+        if "numerics:" in line:
+            found.append(line)
+        elif found and line.startswith("  ") and found[-1] is not None:
+            found[-1] += "\n" + line
+        elif found:
+            found.append(None)  # the block ended
+    return [w for w in found if w is not None]
 
 
 def graphs(data: dict) -> Dict[str, dict]:
