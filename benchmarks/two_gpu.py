@@ -1,6 +1,6 @@
 """A real two-rank job (issue 35): the sentinel, the caches and the job view over NCCL.
 
-    python benchmarks/two_gpu.py [--json PATH] [--arms ddp,tp,cache,report] [--steps 4]
+    python benchmarks/two_gpu.py [--json PATH] [--arms ddp,fsdp2,tp,cache,report] [--steps 4]
 
 Each arm is ``torchrun --standalone --nproc-per-node 2`` on this file's worker (NCCL on two
 GPUs; gloo on the CPU, where it is checked before a GPU is spent), ROCm behaviour forced, a
@@ -14,6 +14,8 @@ Llama-class model from transformers (random weights, bf16 on the GPU) under
   (a tensor holds all but a little of its free memory). The losses and gradient norms of
   every step, per rank, against the sentinel off (``check``) and against eager (``fallback``,
   the buggy rank running the wrong graph eagerly).
+- ``fsdp2``: the same training with FSDP2 (``fully_shard`` per decoder layer), the bug on
+  rank 1: eager, the sentinel off, ``fallback``.
 - ``tp``: tensor-parallel inference (``torch.distributed.tensor.parallel``), whose compiled
   graphs hold functional collectives: listed as not compared on both ranks, nothing hangs.
 - ``cache``: the same job twice with one ``ROCM_AUTOPATCH_CACHE`` and a fresh ``TMPDIR``
@@ -97,6 +99,11 @@ def _verify_graphs() -> List[Dict[str, Any]]:
             for g in (rocm_autopatch.report().verify or {}).get("graphs", [])]
 
 
+def _whole(grad: Any) -> Any:
+    """A gradient as one tensor (FSDP2's are sharded DTensors: gathered, on every rank)."""
+    return grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+
+
 def worker_ddp(steps: int) -> Dict[str, Any]:
     torch, dist, device, dtype = _setup()
     rank = dist.get_rank()
@@ -104,9 +111,16 @@ def worker_ddp(steps: int) -> Dict[str, Any]:
     model, cfg = _llama(torch, device, dtype)
     short = str(rank) in os.environ.get("TWO_GPU_SHORT_RANKS", "").split(",")
     hog, left = None, None
-    ddp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None)
-    run = ddp if os.environ.get("TWO_GPU_EAGER") == "1" else torch.compile(ddp)
+    if os.environ.get("TWO_GPU_WRAP") == "fsdp2":  # each decoder layer, then the root
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+    else:
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    run = wrapped if os.environ.get("TWO_GPU_EAGER") == "1" else torch.compile(wrapped)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     losses, norms, first = [], [], None
     for step in range(steps):
@@ -124,7 +138,7 @@ def worker_ddp(steps: int) -> Dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             first = time.perf_counter() - began
-        norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in model.parameters()))
+        norm = torch.sqrt(sum(_whole(p.grad).float().pow(2).sum() for p in model.parameters()))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(round(float(loss), 6))
@@ -250,6 +264,22 @@ def _own_caches(work: str, name: str) -> Dict[str, str]:
             "TRITON_CACHE_DIR": os.path.join(work, "triton")}
 
 
+def arm_fsdp2(work: str, steps: int) -> List[Dict[str, Any]]:
+    """FSDP2 (``fully_shard`` per decoder layer): the bug on rank 1, off, eager, fallback."""
+    bug = {"TWO_GPU_BUG_RANKS": "1", "TWO_GPU_WRAP": "fsdp2"}
+    results = []
+    for i, (name, env) in enumerate((
+            ("eager, bug on rank 1 (the right answer)", {"TWO_GPU_EAGER": "1"}),
+            ("off, bug on rank 1", {}),
+            ("fallback, bug on rank 1", {"ROCM_AUTOPATCH_VERIFY": "fallback",
+                                         "ROCM_AUTOPATCH_VERIFY_BISECT": "0"}))):
+        found = job("ddp", steps, **_own_caches(work, f"fsdp{i}"), **bug, **env,
+                    ROCM_AUTOPATCH_VERIFY_DIR=os.path.join(work, f"fsdp-repros{i}"))
+        results.append({"arm": f"fsdp2: {name}", **found})
+        print(json.dumps(results[-1])[:3000], flush=True)
+    return results
+
+
 def arm_ddp(work: str, steps: int, only: str = "") -> List[Dict[str, Any]]:
     bug = {"TWO_GPU_BUG_RANKS": "1"}
     runs = [("off, no bug", {}), ("eager, bug on rank 1 (the right answer)",
@@ -316,7 +346,8 @@ def arm_report(work: str, steps: int) -> List[Dict[str, Any]]:
     return [result]
 
 
-ARMS = {"ddp": arm_ddp, "tp": arm_tp, "cache": arm_cache, "report": arm_report,
+ARMS = {"ddp": arm_ddp, "fsdp2": arm_fsdp2, "tp": arm_tp, "cache": arm_cache,
+        "report": arm_report,
         "ddp-short": lambda work, steps: arm_ddp(work, steps, only="short of memory")}
 
 
