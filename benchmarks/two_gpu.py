@@ -216,44 +216,47 @@ def worker_cache() -> Dict[str, Any]:
 
 
 def worker(arm: str, steps: int) -> None:
+    """One rank: its result as one JSON line on stdout and, where the driver asks
+    (``TWO_GPU_OUT``), in a file of its own (the ranks' lines can run together on a pipe)."""
     found = {"ddp": lambda: worker_ddp(steps), "tp": worker_tp, "cache": worker_cache}[arm]()
     print(json.dumps(found), flush=True)
+    folder = os.environ.get("TWO_GPU_OUT")
+    if folder:
+        with open(os.path.join(folder, f"rank{found['rank']}.json"), "w") as fh:
+            json.dump(found, fh)
 
 
 # ---- the driver --------------------------------------------------------------------------
 
-def ranks_of(stdout: str) -> List[Dict[str, Any]]:
-    """The ``{"rank": ...}`` objects the ranks printed (their lines can run together)."""
-    found, text, decoder = [], stdout, json.JSONDecoder()
-    while '{"rank"' in text:
-        text = text[text.index('{"rank"'):]
-        value, end = decoder.raw_decode(text)
-        found.append(value)
-        text = text[end:]
-    return sorted(found, key=lambda r: r["rank"])
+def _read(path: str) -> Dict[str, Any]:
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def job(arm: str, steps: int, limit: int = LIMIT, **env: str) -> Dict[str, Any]:
     """One torchrun job in a session of its own; killed with its ranks past ``limit``."""
     ours = {k: v for k, v in os.environ.items()
             if not k.startswith(("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "TWO_GPU"))}
-    full = {**ours, "ROCM_AUTOPATCH": "force", "PYTHONUNBUFFERED": "1", **env}
+    folder = tempfile.mkdtemp(prefix="ranks-")
+    full = {**ours, "ROCM_AUTOPATCH": "force", "PYTHONUNBUFFERED": "1", "TWO_GPU_OUT": folder,
+            **env}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", HERE, "--worker", arm, "--steps", str(steps)]
     began = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=full, start_new_session=True, cwd=tempfile.gettempdir())
     try:
-        out, err = proc.communicate(timeout=limit)
+        _, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        _, err = proc.communicate()
         return {"hung": True, "seconds": round(time.perf_counter() - began, 1),
                 "stderr": err[-1500:]}
     said = [ln for ln in err.splitlines() if "rocm-autopatch" in ln]
     errors = [ln for ln in err.splitlines() if "Error" in ln and "elastic" not in ln]
     return {"hung": False, "rc": proc.returncode, "seconds": round(time.perf_counter() - began, 1),
-            "ranks": ranks_of(out), "rocm_autopatch_lines": said[:12],
+            "ranks": [_read(os.path.join(folder, name)) for name in sorted(os.listdir(folder))],
+            "rocm_autopatch_lines": said[:12],
             "errors": errors[-6:] if proc.returncode else []}
 
 
