@@ -113,6 +113,27 @@ def diverging(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             found.append({"what": "compiles", "where": where, "reason": ", ".join(
                 f"{who}: {counts.get(who, 0)}" for who in everyone),
                 "processes": sorted(counts), "not_in": []})
+    return found + _verdicts_differ(reports, everyone)
+
+
+def _verdicts_differ(reports: List[Dict[str, Any]], everyone: List[str]
+                     ) -> List[Dict[str, Any]]:
+    """Graphs the numerics sentinel judged wrong on some ranks and not on others: a
+    miscompile of one rank's GPU, build or shapes (its verdicts per rank, by graph)."""
+    verdicts: Dict[str, Dict[str, List[str]]] = {}
+    for report in reports:
+        for g in report["verify"]["graphs"]:
+            label = f"graph {g.get('graph', '?')} of {g.get('where', '?')}"
+            verdicts.setdefault(label, {}).setdefault(_label(report), []).append(
+                str(g.get("status")))
+    found = []
+    for label, by_rank in sorted(verdicts.items()):
+        seen = {who: sorted(by_rank.get(who, [])) for who in everyone}
+        wrong = [who for who, said in seen.items() if set(said) & set(status.WRONG)]
+        if wrong and len({tuple(said) for said in seen.values()}) > 1:
+            found.append({"what": "verdict", "where": label, "reason": "; ".join(
+                f"{who}: {', '.join(said) or 'not compiled'}" for who, said in seen.items()),
+                "processes": wrong, "not_in": [w for w in everyone if w not in wrong]})
     return found
 
 
@@ -143,6 +164,9 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
 
 
 def _diverged(d: Dict[str, Any]) -> str:
+    if d["what"] == "verdict":
+        return (f"ranks diverge: {d['where']} computes wrong numbers in "
+                f"{', '.join(d['processes'])} only ({d['reason']})")
     if d["what"] == "recompile":
         return (f"ranks diverge: {d['where']} recompiled in {', '.join(d['processes'])} only "
                 "(ranks that compile different graphs can hang collectives)")
@@ -375,6 +399,9 @@ def _diverging_lines(view: Dict[str, Any]) -> List[str]:
                        f"(not {', '.join(d['not_in'])}):")
             out.append(Verbatim(f"      {d['where']}"))
             out.append(f"      {str(d['reason']).splitlines()[0]}")
+        elif d["what"] == "verdict":
+            out.append(f"  judged wrong in {', '.join(d['processes'])} only ({d['reason']}):")
+            out.append(Verbatim(f"      {d['where']}"))
         else:
             out.append(f"  compiled a different number of times ({d['reason']}):")
             out.append(Verbatim(f"      {d['where']}"))

@@ -64,3 +64,27 @@ def test_the_slowest_frames_show_backward_time() -> None:
     text = "\n".join(view.render(view.job(reports), reports))
     assert "5.00 s x1" in text and "(backward 4.00 s)" in text
 
+
+
+def test_a_graph_judged_wrong_on_one_rank_only_is_a_divergence() -> None:
+    """The two-GPU job (issue 35): a miscompile on rank 1 only, DDP's pieces sharing one
+    compile id. The view says the ranks disagree, once per graph, with each rank's
+    verdicts; ranks that agree (both passed, both wrong) do not diverge."""
+    where = "f (/a.py:3)"
+
+    def ranked(pid: int, rank: str, statuses: list) -> Dict[str, Any]:
+        data = _report(pid, rank, slowest_frames=[{"where": where, "compiles": 1}])
+        data["verify"] = {"mode": "check", "graphs": [
+            {"graph": "4/0", "where": where, "status": s} for s in statuses]}
+        return data
+
+    one_rank = [ranked(1, "0", ["passed", "passed"]), ranked(2, "1", ["failed", "passed"])]
+    (found,) = view.diverging(one_rank)
+    assert found["what"] == "verdict" and found["processes"] == ["rank 1"]
+    assert found["reason"] == "rank 0: passed, passed; rank 1: failed, passed"
+    job = view.job(one_rank)
+    assert any(f.startswith(f"ranks diverge: graph 4/0 of {where} computes wrong numbers in "
+                            "rank 1 only") for f in job["red_flags"])
+    assert "judged wrong in rank 1 only" in "\n".join(view.render(job, one_rank))
+    assert view.diverging([ranked(1, "0", ["passed"]), ranked(2, "1", ["passed"])]) == []
+    assert view.diverging([ranked(1, "0", ["failed"]), ranked(2, "1", ["failed"])]) == []
