@@ -51,7 +51,7 @@ def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
             row["flag"] = "red" if found.problem else "ok"
         if var in caches.FORCE_VARS and value.strip() == "1" and (
                 report.get("platform") == "rocm" or report.get("forced")):
-            keep = environ.get(caches.KEEP_OFF, "").strip().lower() in settings.TRUE_WORDS
+            keep = caches.kept_off(environ)
             row["flag"] = "kept" if keep else "red"
             row["note"] = ("every compile cache is off: each run and each rank compiles "
                            "everything again" + (f"; kept as you asked ({caches.KEEP_OFF}=1)"

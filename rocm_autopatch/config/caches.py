@@ -60,15 +60,20 @@ def install(torch: ModuleType) -> None:
 
 def forced_off(environ: Optional[Dict[str, str]] = None) -> List[str]:
     """The variables set that turn every compile cache off (``1``, as torch reads them)."""
-    return [f"{v}={settings.raw(v, environ)}" for v in FORCE_VARS
-            if (settings.raw(v, environ) or "").strip() == "1"]
+    found = {v: settings.raw(v, environ) for v in FORCE_VARS}
+    return [f"{v}={value}" for v, value in found.items() if (value or "").strip() == "1"]
+
+
+def kept_off(environ: Optional[Dict[str, str]] = None) -> bool:
+    """Did the user ask to keep every cache off, through our override (``KEEP_OFF=1``)?"""
+    return (settings.raw(KEEP_OFF, environ) or "").strip().lower() in settings.TRUE_WORDS
 
 
 def _flag_force() -> None:
     found = forced_off()
     if not found:
         return
-    if (settings.raw(KEEP_OFF) or "").strip().lower() in settings.TRUE_WORDS:
+    if kept_off():
         record.fix(NAME, record.SKIPPED, f"{found[0]}: compile caches off, as {KEEP_OFF} "
                    "asks", FORCE_REF)
         return

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, NamedTuple, O
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
 # Batch-norm kernels (native, cuDNN, MIOpen) update running_mean/running_var in training
 # without a write annotation in their schema; AOT autograd special-cases them too.
@@ -262,12 +263,10 @@ def fake_call(args: Any) -> bool:
     DDP model on fake tensors while it compiles the next one
     (``torch/_dynamo/backends/distributed.py`` ``SubmodCompiler``): a propagation of shapes,
     not a call of the program's, which must neither be checked nor counted. The first
-    tensor decides (a boxed call passes one list)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
+    tensor decides (a boxed call passes one list). On every call of a watched graph."""
     for x in (args[0] if len(args) == 1 and isinstance(args[0], list) else args):
         if isinstance(x, torch.Tensor):
-            return isinstance(x, FakeTensor)
+            return isinstance(x, _FakeTensor)
     return False
 
 
