@@ -8,13 +8,17 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from typing import Any, Optional
 
 
 class directory_lock:
     """An exclusive ``flock`` on a directory for the time of one read-and-write (a compile
     report's, the fixes store's); nothing where it cannot be had (no fcntl, a file system
-    without locks)."""
+    without locks) or within ``WAIT`` seconds: a holder that hangs or was stopped (a lock
+    inherited by a forked child that lives on) must not hang this process at its exit."""
+
+    WAIT = 10.0
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -26,7 +30,15 @@ class directory_lock:
 
             os.makedirs(self.directory, exist_ok=True)
             self.fd = os.open(self.directory, os.O_RDONLY)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            deadline = time.monotonic() + self.WAIT
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
         except Exception:  # noqa: BLE001 - a lock we cannot have: write unserialised
             self.__exit__()
 

@@ -69,3 +69,29 @@ def test_user_site_is_this_file_and_line() -> None:
     assert frames.in_library("/x/lib/python3.11/site-packages/transformers/m.py")
     assert not frames.in_library(__file__)
 
+
+
+def test_a_directory_lock_held_elsewhere_is_waited_for_only_a_bounded_time(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder that never lets go (a stopped process, a forked child that kept the lock)
+    leaves the writer unserialised after ``WAIT``, never hung at its exit."""
+    import fcntl
+    import os
+
+    from rocm_autopatch import files
+
+    holder = os.open(str(tmp_path), os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another open file: it conflicts, even in-process
+    monkeypatch.setattr(files.directory_lock, "WAIT", 0.2)
+    lock = files.directory_lock(str(tmp_path))
+    with lock:
+        assert lock.fd is None  # entered without the lock: the write goes on unserialised
+    os.close(holder)
+    with lock:
+        assert lock.fd is not None  # free again: taken
+        with pytest.raises(BlockingIOError):
+            other = os.open(str(tmp_path), os.O_RDONLY)
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(other)

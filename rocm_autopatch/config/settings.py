@@ -164,7 +164,8 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable(VERIFY_CALLS, _at_least(1), "an integer >= 1 (default 1)", 1,
              "first calls of each graph always checked", "the numerics sentinel"),
     Variable(VERIFY_BUDGET, _share, "a share from 0 to 1 (default `0.01`); `0`: none", 0.01,
-             "time the sampled checks of a graph may take, as a share of the graph's own",
+             "the sentinel's share of the program's wall time (sampled checks and value "
+             "reads, all graphs together)",
              "the numerics sentinel"),
     Variable(VERIFY_DIR, _text, "a directory; `off` (default: beside the report, else "
              "`~/.cache/rocm-autopatch/repros`)", "",

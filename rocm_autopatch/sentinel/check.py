@@ -114,8 +114,9 @@ class Check:
 
         plan = self.graph.schedule
         if plan.magnitudes is None:
-            plan.magnitudes = schedule.Magnitudes(
-                schedule.watched_inputs(self.flat, self.count, self.analysis.mutated))
+            watch = schedule.watched_inputs(self.flat, self.count, self.analysis.mutated)
+            plan.magnitudes = schedule.Magnitudes(watch,
+                                                  schedule.integer_inputs(self.flat, watch))
         need = numerics.reference_bytes(
             self.analysis, snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)

@@ -10,17 +10,25 @@ watched for the whole run:
 - the first ``ROCM_AUTOPATCH_VERIFY_CALLS`` calls are checked;
 - a new concrete shape signature of its dynamic inputs is checked, up to ``SHAPE_CAP``
   signatures; past the cap, a signature whose size class is new (a power of two of bytes
-  in any dynamic input, so crossing 2^31 bytes or elements counts) is checked, others
-  only within the budget;
+  in any dynamic input, or of a dynamic integer's value, so crossing 2^31 bytes or elements
+  counts, and a position that doubles) is checked, others only within the budget;
 - a call whose watched inputs leave the magnitudes checked so far (more than
-  ``REGIME_FACTOR`` times the largest checked, or non-finite where no checked call had
-  any) is checked. Magnitudes come from one reduction queued with the call (every
-  ``stride``-th call, ``stride`` keeping its cost within ``VALUES_SHARE`` of the graph's
-  time), read when the device has it (some calls later on a GPU; never a synchronisation);
-- every ``period``-th call is checked while the sampled checks' cost stays within
-  ``ROCM_AUTOPATCH_VERIFY_BUDGET`` of the graph's own time. ``period`` is a power of two
-  made from the costs measured at warm checks (one is made ``CALIBRATE_AFTER`` calls after
-  the first ones); calls are chosen by their number, never by a random draw or the clock.
+  ``REGIME_FACTOR`` times the largest checked, ``INTEGER_FACTOR`` for integer inputs such as
+  positions and cache indices, or non-finite where no checked call had any) is checked.
+  Magnitudes come from one reduction queued with the call (every ``stride``-th call,
+  ``stride`` keeping its cost within a quarter of the budget), read when the device has it
+  (some calls later on a GPU; never a synchronisation);
+- every ``period``-th call is checked, ``period`` keeping the sampled checks within the
+  rest of the budget. ``period`` is a power of two made from the costs measured at warm
+  checks (one is made ``CALIBRATE_AFTER`` calls after the first ones); calls are chosen by
+  their number, never by a random draw.
+
+The budget (``ROCM_AUTOPATCH_VERIFY_BUDGET``) is a share of the program's wall time, not of
+the graph's own: a graph's costs are set against the time the program takes per call of it
+(its calls and all else the program does between them), so a graph that is a small part of
+the program is followed nearly every call, and one that is the whole loop sparsely. The
+graphs share it (``LEDGER``): each graph called past its first calls gets an equal part, so
+that the parts add up to the budget whatever the number of graphs.
 
 What decides is the call's number, its inputs' shapes and values and the costs measured;
 nothing random. Graphs that communicate are never re-run (``hook``), so a rank that checks
@@ -42,12 +50,17 @@ BECAUSE = {FIRST: "one of the first calls checked", SHAPE: "a new shape",
 LARGE = 2**31  # bytes or elements: where 32-bit offsets overflow (ROCm/hipBLASLt#2299)
 SHAPE_CAP = 16  # new shape signatures always checked, per graph
 REGIME_FACTOR = 4.0  # "well beyond": two binades above the largest magnitude checked
+# Integers (positions, lengths, cache indices) are followed closer: a check each time the
+# largest passes twice the largest checked, so n generated tokens get about log2(n) checks.
+INTEGER_FACTOR = 2.0
 WATCH_MAX = 16  # inputs whose magnitudes are followed, per graph
 WATCH_NUMEL = 2**26  # larger inputs (a KV cache) are not reduced at every call
 READ_EVERY = 4  # on a GPU, the running maximum is copied to the host every 4 reductions
-# Following values may take this share of the graph's time: the reduction runs every
-# ``stride``-th call, ``stride`` the power of two that keeps its measured cost within it.
-VALUES_SHARE = 0.0025
+# Following values may take this share of the budget: the reduction runs every ``stride``-th
+# call, ``stride`` the power of two that keeps its measured cost within it; sampled checks
+# take the rest.
+VALUES_SHARE = 0.25
+MIN_VALUES_BUDGET = 0.01  # with a budget of 0 (first calls only) values are still followed
 CALIBRATE_AFTER = 32  # the calls after the first ones at which a warm check is timed
 SEEN_MAX = 1 << 16  # signatures remembered; past that, counted only
 
@@ -83,7 +96,37 @@ def large(values: List[Any]) -> bool:
 def _size_class(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return max(x.numel() * x.element_size(), x.numel()).bit_length()
+    if isinstance(x, int):  # a dynamic integer (a position, a length): its binade
+        return abs(x).bit_length()
     return 0
+
+
+class Ledger:
+    """What the graphs of the process share: the budget, split evenly between the graphs
+    called past their first calls (so that their shares add up to it, each set against the
+    program's time per call of that graph), and the sentinel's time over all of them."""
+
+    def __init__(self) -> None:
+        self.start: Optional[float] = None  # the first warm call of any graph
+        self.graphs = 0  # graphs called past their first calls
+        self.spent = 0.0  # seconds of sampled checks and value reads, all graphs
+
+    def join(self) -> None:
+        """A graph's first call past its first calls."""
+        self.graphs += 1
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def share(self, budget: float) -> float:
+        return budget / max(self.graphs, 1)
+
+    def spent_share(self) -> float:
+        """The sentinel's share of the wall time since the first warm call."""
+        elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
+        return round(self.spent / elapsed, 5) if elapsed > 0 else 0.0
+
+
+LEDGER = Ledger()
 
 
 class Magnitudes:
@@ -95,8 +138,9 @@ class Magnitudes:
     event and restarted, and it is read at the first call after the event has completed.
     A value that grows at any call is seen (a maximum forgets nothing), a few calls later."""
 
-    def __init__(self, watch: List[int]) -> None:
+    def __init__(self, watch: List[int], integer: Tuple[int, ...] = ()) -> None:
         self.watch = watch
+        self.integer = frozenset(integer)  # watched inputs of an integer dtype
         self.stopped = ""  # why values are no longer followed ("" while they are)
         self.running: Any = None  # the device's running maximum since the last read
         self.folded = 0  # calls folded into it
@@ -108,7 +152,7 @@ class Magnitudes:
         """This call's values, waiting for them (a call that is checked synchronises)."""
         try:
             tensors, indices = self._chosen(flat)
-            return dict(zip(indices, _reduce(tensors).tolist())) if tensors else {}
+            return dict(zip(indices, _on_host(tensors))) if tensors else {}
         except Exception as exc:  # noqa: BLE001 - as in measure
             return self._stop(exc)
 
@@ -130,9 +174,9 @@ class Magnitudes:
         tensors, indices = self._chosen(flat)
         if not tensors:
             return {}
+        if tensors[0].device.type != "cuda":
+            return dict(zip(indices, _on_host(tensors)))
         values = _reduce(tensors)
-        if values.device.type != "cuda":
-            return dict(zip(indices, values.tolist()))
         ready: Dict[int, float] = {}
         if self.reading and self.event.query():
             ready = dict(zip(self.reading, self.host.tolist()))
@@ -157,6 +201,18 @@ class Magnitudes:
         return [t for _, t in chosen], [i for i, _ in chosen]
 
 
+def _on_host(tensors: List[Any]) -> List[float]:
+    """max |x| of each tensor, read at once: on the CPU one ``aminmax`` per tensor costs a
+    fifth of ``_foreach_norm``'s dispatch (about 3 us against 50 on the 2-core CI machine,
+    for graphs of tens of us) and copies nothing; NaN anywhere gives NaN."""
+    found = []
+    for t in tensors:
+        low, high = (float(v) for v in torch.aminmax(t))
+        found.append(math.nan if math.isnan(low) or math.isnan(high)
+                     else max(abs(low), abs(high)))
+    return found
+
+
 def _reduce(tensors: List[Any]) -> Any:
     """A float32 device tensor: max |x| of each tensor, in one foreach kernel (integer
     inputs are cast first)."""
@@ -166,6 +222,11 @@ def _reduce(tensors: List[Any]) -> Any:
     except TypeError:  # no dtype argument on this release
         norms = [n.float() for n in torch._foreach_norm(inputs, float("inf"))]
     return torch.stack(norms)
+
+
+def integer_inputs(flat: List[Any], watch: List[int]) -> Tuple[int, ...]:
+    """The watched inputs of an integer dtype (followed at ``INTEGER_FACTOR``)."""
+    return tuple(i for i in watch if not flat[i].is_floating_point())
 
 
 def watched_inputs(flat: List[Any], count: int, written: Any) -> List[int]:
@@ -205,6 +266,7 @@ class Schedule:
         self.measure_seconds: Optional[float] = None
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
+        self.clock: Optional[float] = None  # when the first call after the first ones came
         self.spent = 0.0  # seconds the sampled checks took beyond their compiled call
         self.overheads: List[float] = []  # of the checks, beyond their compiled call
         self.warm: List[float] = []  # the same, of checks after the first calls
@@ -242,6 +304,9 @@ class Schedule:
                     self.seen.add(signature)
         if n <= self.first:
             return FIRST
+        if self.clock is None:  # the program's pace is measured from here: warm calls
+            self.clock = time.perf_counter()
+            LEDGER.join()
         if new_shape and (len(self.checked_shapes) < SHAPE_CAP
                           or self.size_class(flat) not in self.checked_classes
                           or self.affordable()):
@@ -272,16 +337,32 @@ class Schedule:
         """The reduction's cost (the cheapest seen: what it costs once warm) sets
         ``stride``."""
         self.measure_seconds = min(self.measure_seconds or seconds, seconds)
-        if self.call_seconds:
-            self.stride = _power_of_two(self.measure_seconds
-                                        / (VALUES_SHARE * self.call_seconds))
+        LEDGER.spent += seconds
+        pace = self.pace()
+        if pace:
+            budget = LEDGER.share(max(self.budget, MIN_VALUES_BUDGET))
+            self.stride = _power_of_two(self.measure_seconds / (VALUES_SHARE * budget * pace))
+
+    def pace(self) -> Optional[float]:
+        """The program's wall time per call of this graph since the first calls (the calls
+        and everything between them), never less than the fastest compiled call; None
+        before both are known."""
+        if self.call_seconds is None:
+            return None
+        warm = self.calls - self.first
+        if self.clock is None or warm < 2:
+            return self.call_seconds
+        return max((time.perf_counter() - self.clock) / warm, self.call_seconds)
 
     def affordable(self) -> bool:
         """Would one more check past the shape cap keep the checks beyond the first calls
-        within the budget's share of the graph's own time so far?"""
-        if self.budget <= 0 or self.call_seconds is None or not self.overheads:
+        within the budget's share of the program's time since them?"""
+        pace = self.pace()
+        if self.budget <= 0 or pace is None or not self.overheads:
             return False
-        return self.spent + self.overhead() <= self.budget * self.calls * self.call_seconds
+        warm = max(self.calls - self.first, 1)
+        share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
+        return self.spent + self.overhead() <= share * warm * pace
 
     def overhead(self) -> float:
         """What a check costs beyond its compiled call: the lower median of the last eight
@@ -290,11 +371,13 @@ class Schedule:
         return recent[(len(recent) - 1) // 2]
 
     def _new_regime(self, values: Dict[int, float]) -> bool:
+        integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
         for i, value in values.items():
+            factor = INTEGER_FACTOR if i in integer else REGIME_FACTOR
             if not math.isfinite(value):
                 if i not in self.checked_non_finite:
                     return True
-            elif value > REGIME_FACTOR * self.checked_max.get(i, 0.0):
+            elif value > factor * self.checked_max.get(i, 0.0):
                 return True
         return False
 
@@ -322,8 +405,18 @@ class Schedule:
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
-        if self.budget > 0 and self.call_seconds:
-            self.period = _power_of_two(self.overhead() / (self.budget * self.call_seconds))
+            LEDGER.spent += overhead
+        pace = self.pace()
+        if self.budget > 0 and pace:
+            share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
+            self.period = _power_of_two(self.overhead() / (share * pace))
+
+    def budget_spent(self) -> float:
+        """The sampled checks' share of the program's wall time since the first calls."""
+        if self.clock is None or self.calls <= self.first:
+            return 0.0
+        elapsed = time.perf_counter() - self.clock
+        return round(self.spent / elapsed, 5) if elapsed > 0 else 0.0
 
     def coverage(self) -> Dict[str, Any]:
         """What the checks covered, for the report (one graph)."""
@@ -342,8 +435,7 @@ class Schedule:
                        "stopped": self.magnitudes.stopped if self.magnitudes else ""},
             "period": self.period, "budget": self.budget, "values_stride": self.stride,
             "sampled_calls": list(self.sampled_calls),
-            "budget_spent": round(self.spent / (self.calls * self.call_seconds), 5)
-            if self.calls and self.call_seconds else 0.0,
+            "budget_spent": self.budget_spent(),
             "checks_skipped": self.skipped,
             "large_output_checked": self.large_output_checked,
         }

@@ -1,0 +1,95 @@
+"""The schedule's arithmetic, in this process, on a clock the test sets (the schedule reads
+``time.perf_counter`` only): the budget is a share of the program's wall time, not of the
+graph's own; the graphs share it; integer inputs are followed at twice their largest
+checked value. What it finds in a real program is tested through the wheel
+(test_coverage)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import pytest
+import torch
+
+from rocm_autopatch.sentinel import schedule
+
+pytestmark = pytest.mark.fast
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(schedule.time, "perf_counter", c)
+    monkeypatch.setattr(schedule, "LEDGER", schedule.Ledger())
+    return c
+
+
+def _period(clock: Clock, pace: float, call: float = 20e-6, overhead: float = 2e-3,
+            alone: bool = True) -> int:
+    """The period of a graph whose compiled call takes ``call`` seconds, called every
+    ``pace`` seconds of the program, after one warm check that cost ``overhead``; ``alone``:
+    the only graph of the process."""
+    if alone:
+        schedule.LEDGER.__init__()
+    plan = schedule.Schedule(1, 0.01, [])
+    flat: List[Any] = [torch.ones(2)]
+    for _ in range(100):
+        plan.due(flat)
+        clock.now += pace
+    plan.checked(schedule.SAMPLED, flat, {}, True, call, call + overhead, [])
+    return plan.period
+
+
+def test_a_graph_that_is_a_third_of_its_loop_is_sampled_three_times_as_often(
+        clock: Clock) -> None:
+    alone = _period(clock, 20e-6)  # the graph is the whole loop
+    third = _period(clock, 60e-6)  # the program does twice its time between its calls
+    # 2 ms / (0.75% of 20 us) = 13,333 -> 16,384; of 60 us: 4,444 -> 8,192 (powers of two)
+    assert (alone, third) == (16384, 8192)
+    assert _period(clock, 2e-3) == 256  # a small part of the program: followed closely
+
+
+def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_part(
+        clock: Clock) -> None:
+    one = _period(clock, 60e-6)
+    # A second graph like it, the first still in the ledger: 2 graphs, half the budget each.
+    assert schedule.LEDGER.graphs == 1 and _period(clock, 60e-6, alone=False) == 2 * one
+    assert schedule.LEDGER.graphs == 2
+    # What the sentinel spent (the warm checks' overheads), over the wall time since the
+    # first graph's first warm call: 2 x 2 ms over 199 calls of 60 us (and the check).
+    assert schedule.LEDGER.spent == pytest.approx(4e-3)
+    assert schedule.LEDGER.spent_share() == pytest.approx(4e-3 / (199 * 60e-6), rel=1e-3)
+
+
+def test_an_integer_input_is_checked_each_time_it_passes_twice_the_largest_checked(
+        clock: Clock) -> None:
+    """A position from 1 to 1,000, read every call: checks at 3, 7, 15, ... (about
+    log2(n)); a float input that grows alike only past 4x."""
+    for dtype, expected in ((torch.int64, [3, 7, 15, 31, 63, 127, 255, 511]),
+                            (torch.float32, [5, 21, 85, 341])):
+        plan = schedule.Schedule(1, 0.0, [])
+        plan.magnitudes = schedule.Magnitudes([0], schedule.integer_inputs(
+            [torch.zeros(1, dtype=dtype)], [0]))
+        plan.call_seconds = 1.0  # a slow graph: its magnitudes read every call
+        found = []
+        for position in range(1, 1001):
+            flat = [torch.tensor([position], dtype=dtype)]
+            why = plan.due(flat)
+            if why is not None:
+                if why == schedule.VALUES:
+                    found.append(position)
+                plan.checked(why, flat, plan.magnitudes.now(flat), True, 1.0, 1.0, [])
+            clock.now += 1.0
+        assert found == expected, (dtype, found)
+
+
+def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
+    assert [schedule._size_class(n) for n in (1, 2, 3, 4, 255, 256)] == [1, 2, 2, 3, 8, 9]
