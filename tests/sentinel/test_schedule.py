@@ -93,3 +93,26 @@ def test_an_integer_input_is_checked_each_time_it_passes_twice_the_largest_check
 
 def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
     assert [schedule._size_class(n) for n in (1, 2, 3, 4, 255, 256)] == [1, 2, 2, 3, 8, 9]
+
+
+def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good(
+        clock: Clock) -> None:
+    """The first read of magnitudes costs 1,000x the later ones (pinned memory, kernels):
+    the stride at most doubles per read, so later reads are measured and bring it back."""
+    costs = iter([1e-3] + [1e-6] * 300)
+
+    class Reads(schedule.Magnitudes):
+        def measure(self, flat: List[Any]) -> Any:
+            clock.now += next(costs)
+            return {}
+
+    plan = schedule.Schedule(1, 0.01, [])
+    plan.magnitudes = Reads([0])
+    plan.call_seconds = 1e-3
+    strides = []
+    for _ in range(200):
+        plan.due([torch.ones(1)])
+        clock.now += 1e-3
+        strides.append(plan.stride)
+    # 1 ms against 0.25% of 1 ms a call would be a stride of 512; it went 2, then back to 1
+    assert max(strides) == 2 and strides[-1] == 1, strides[:10]

@@ -1,0 +1,111 @@
+"""The sentinel in a decode loop (issue 32): transformers' ``generate`` with a static KV cache,
+an 8-layer Llama in bf16 (random weights, TinyLlama's widths), its forward compiled.
+
+    python benchmarks/decode_loop.py [--arms speed,bug] [--rounds 2] [--tokens 256]
+                                     [--bug-at 40,200] [--json PATH]
+
+``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
+``--rounds`` rounds interleaved (off, check, off, check...), each its own process with its
+own empty Inductor cache, ROCm behaviour forced. Each process generates ``--tokens`` new
+tokens three times after one warm-up generation; tokens/s is of those three, and
+``sentinel_share`` is the sentinel's own measure of its share of the wall time (its sampled
+checks and value reads over the time since the first warm call, all graphs).
+
+``bug``: the same loop under ``check`` with a miscompile that starts at position p (one per
+``--bug-at``): Inductor's cosine made wrong where its argument passes p, which the rotary
+embedding's angles do from position p on (the first inverse frequency is 1). Made in what
+Inductor compiles (a decomposition), as the tests do; eager is right. Reported: the
+position at which it was found, against issue 32's bound of 2p.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from common import run_arm
+
+CHILD = r"""
+import json, math, sys, time, torch, transformers as t
+tokens, bug_at = int(sys.argv[1]), int(sys.argv[2])
+if bug_at:
+    from torch._inductor import decomposition as d
+    def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)
+        return torch.sin(x + math.pi / 2) * torch.where(x.abs() >= bug_at, 1.5, 1.0)
+    d.decompositions[torch.ops.aten.cos.default] = bad_cos
+torch.manual_seed(0)
+cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                    num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4,
+                    max_position_embeddings=2048)
+with torch.device("cuda"):
+    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+model.generation_config.cache_implementation = "static"
+model.generation_config.disable_compile = True  # we compile, as a user would
+model.forward = torch.compile(model.forward)
+prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
+def generate(n):
+    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                          pad_token_id=0)
+import rocm_autopatch
+from rocm_autopatch.sentinel import schedule
+with torch.no_grad():
+    generate(tokens if not bug_at else 2 * bug_at + 64)
+    torch.cuda.synchronize()
+    out = {}
+    if not bug_at:
+        start = time.perf_counter()
+        for _ in range(3):
+            generate(tokens)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        out["tokens_per_s"] = round(3 * tokens / seconds, 2)
+        out["sentinel_share"] = schedule.LEDGER.spent_share()
+graphs = rocm_autopatch.report().verify.get("graphs", [])
+keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
+        "values_stride", "found_at_call", "found_because", "budget_spent", "reason")
+out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
+print(json.dumps(out))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--arms", default="speed,bug")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--bug-at", default="40,200")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    arms = args.arms.split(",")
+    results = []
+    if "speed" in arms:
+        for r in range(args.rounds):
+            for arm, verify in (("off", ""), ("check", "check")):
+                got = run_arm(CHILD, [str(args.tokens), "0"],
+                              {"ROCM_AUTOPATCH_VERIFY": verify}, timeout=900)
+                results.append({"arm": arm, "round": r, **got})
+                print(json.dumps(results[-1]), flush=True)
+        off = [x["tokens_per_s"] for x in results if x["arm"] == "off" and "tokens_per_s" in x]
+        on = [x["tokens_per_s"] for x in results if x["arm"] == "check" and "tokens_per_s" in x]
+        if off and on:
+            print(f"tokens/s off {off}, check {on}: check/off "
+                  f"{sum(on) / len(on) / (sum(off) / len(off)):.4f}")
+    if "bug" in arms:
+        for p in (int(v) for v in args.bug_at.split(",")):
+            got = run_arm(CHILD, [str(args.tokens), str(p)],
+                          {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
+            found = [g for g in got.get("graphs", []) if g.get("found_at_call")]
+            # the decode graph's call k runs position 16 + k - 1 (16 prompt tokens)
+            where = [16 + g["found_at_call"] - 1 for g in found if g["calls"] > 1]
+            results.append({"arm": "bug", "bug_at": p, "found_at_position": where, **got})
+            print(json.dumps(results[-1]), flush=True)
+            print(f"bug from position {p}: found at position {where} (bound {2 * p})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"results": results}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
