@@ -192,7 +192,7 @@ def torch_venv(wheel: Path) -> Iterator[Venv]:
         path = Path(os.environ.get("ROCM_AUTOPATCH_TEST_VENV", ROOT / ".cache" / "venv-torch"))
     with locked(path):
         if not given:
-            make_venv(path, [TORCH_PIN, "numpy", "transformers"])
+            make_venv(path, [TORCH_PIN, "numpy", "transformers", "expecttest"])
         # Reinstalled only when the source changed: under xdist, a second worker must not
         # pull the package out from under the first one's running tests.
         marker, digest = path / ".rocm_autopatch_installed", source_digest()

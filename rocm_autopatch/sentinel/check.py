@@ -230,9 +230,13 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
                             numerics.leaves(res) + [flat[i] for i in mutated],
                             numerics.leaves(ref64) + [inputs64[i] for i in mutated],
-                            judge.TOL_FORWARD, derived, skip=empty)
+                            judge.TOL_FORWARD, derived, skip=empty,
+                            allowed=judge.Allowance(*graph.allowed))
+    ulps, function = graph.allowed
     graph.note(judge={"ours": "failed" if verdict.bad else "passed",
                       "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                      "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
+                      else "none",
                       **{k: round(v, 3) if isinstance(v, float) else v
                          for k, v in verdict.stats.items()}})
     return verdict.bad, outputs

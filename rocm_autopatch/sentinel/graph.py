@@ -11,7 +11,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import graph_record, numerics, reference, schedule
+from rocm_autopatch.sentinel import allowance, graph_record, numerics, reference, schedule
 from rocm_autopatch.sentinel.status import FELL_BACK, PENDING, SKIPPED
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
@@ -104,6 +104,11 @@ class Graph:
     @functools.cached_property
     def uninitialised(self) -> Dict[int, str]:
         return numerics.uninitialised_outputs(self.gm)
+
+    @functools.cached_property
+    def allowed(self) -> Tuple[float, str]:
+        """What its math functions may round: (ULPs, the function)."""
+        return allowance.ulps(self.gm)
 
     def inputs(self, args: Tuple[Any, ...]) -> Tuple[Optional[List[Any]], bool]:
         """The graph's inputs as a list, and whether the call was boxed (one list that the

@@ -309,7 +309,7 @@ _COMPARE_OPS = {"gt": "gt", "lt": "lt", "ge": "ge", "le": "le", "eq": "eq", "ne"
                 "__eq__": "eq", "__ne__": "ne", "greater": "gt", "less": "lt"}
 
 
-def _node_name(node: torch.fx.Node) -> str:
+def node_name(node: torch.fx.Node) -> str:
     target = node.target
     if node.op == "call_method":
         return str(target)
@@ -333,10 +333,10 @@ def uninitialised_outputs(gm: torch.fx.GraphModule) -> Dict[int, str]:
     and its kin, returned as they are): never compared, and said so."""
     try:
         (out,) = [n for n in gm.graph.nodes if n.op == "output"]
-        return {i: _node_name(node) for i, node in enumerate(leaves(out.args[0]))
+        return {i: node_name(node) for i, node in enumerate(leaves(out.args[0]))
                 if isinstance(node, torch.fx.Node) and node.op in ("call_function",
                                                                    "call_method")
-                and _node_name(node) in _UNINITIALISED}
+                and node_name(node) in _UNINITIALISED}
     except Exception:  # noqa: BLE001 - then every output is compared
         return {}
 
@@ -352,7 +352,7 @@ def computed_dtype(node: Any) -> Optional[torch.dtype]:
     dtype = _meta_dtype(node)
     for _ in range(8):
         if not (isinstance(node, torch.fx.Node) and node.op in ("call_function", "call_method")
-                and _node_name(node) in _CASTS and node.args):
+                and node_name(node) in _CASTS and node.args):
             break
         node = node.args[0]
         before = _meta_dtype(node)
@@ -374,7 +374,7 @@ def derived_outputs(gm: torch.fx.GraphModule) -> Dict[int, Tuple[str, List[Any],
             if not isinstance(node, torch.fx.Node) or node.op not in ("call_function",
                                                                       "call_method"):
                 continue
-            name = _node_name(node)
+            name = node_name(node)
             args, kwargs = list(node.args), dict(node.kwargs)
             if name in _ARG_OPS and args:
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
