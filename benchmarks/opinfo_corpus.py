@@ -101,15 +101,15 @@ def main() -> int:
         # The sentinel is armed at `import torch` (the .pth): run again with it on.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **FORCED})
     result = run(args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
     for g in result["judged_wrong"]:
         print(f"judged wrong: {g['op']} {g['dtype']}: {g['rule']}: {g['detail'][:200]}")
     for reason, count in result["not_checked"].items():
         print(f"not checked ({count}): {reason}")
     print(json.dumps({k: v for k, v in result.items()
                       if k not in ("judged_wrong", "not_checked")}))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
     return 0
 
 
