@@ -172,8 +172,10 @@ for i in range(1, CALLS + 1):
     t0 = t0 if i > 1 else time.perf_counter()  # the share is of warm calls
     with torch.no_grad():
         right = torch.nn.functional.silu(x + pos / 100) @ w
-    # The rest of the program's loop: OTHER times the graph's own call, spent computing
-    busy = time.perf_counter() + OTHER * min(took[-50:] or [0.0]) if i > 1 else 0.0
+    # The rest of the program's loop: OTHER times the graph's own call (the median of its
+    # last 50), spent computing
+    recent = sorted(took[-50:])
+    busy = time.perf_counter() + OTHER * recent[len(recent) // 2] if i > 1 else 0.0
     while time.perf_counter() < busy:
         other = torch.tanh(other[:1] @ w)
     if not torch.allclose(y, right, atol=1e-3, rtol=1e-3):
@@ -203,7 +205,9 @@ def test_a_cheap_graph_in_a_loop_is_followed_against_the_programs_time(
     inputs = ("torch.randn(32, 128, generator=gen) * (1 if i < 100 else 100), "
               "torch.zeros((), dtype=torch.int64)")
     g = _loop(torch_venv, bug, inputs, 600, 2)
-    assert 0.15 < g["graph_share"] < 0.5, g  # the set-up: the graph is a part of the loop
+    # The set-up: the graph is a part of the loop, about a third (measured 0.14-0.52 as the
+    # machine's load varied: the loop's eager reference and busy work do not scale alike)
+    assert 0.1 < g["graph_share"] < 0.6, g
     assert g["status"] == "failed" and g["found_because"] == "values", g
     assert g["wrong"][0] == 100 and 100 <= g["found_at_call"] < 300, g
 
@@ -212,12 +216,13 @@ def test_a_cheap_graph_in_a_loop_is_followed_against_the_programs_time(
 def test_a_bug_that_starts_at_a_position_is_found_by_twice_that_position(
         torch_venv: Venv) -> None:
     """A decode loop's position (an integer tensor input, as transformers' cache_position)
-    from 1 to 600; the graph is wrong once its activations pass 1, from position 100 on.
+    from 1 to 600, the graph a sixth of the loop (a decode step is one part of a serving
+    loop); the graph is wrong once its activations pass 1, from position 100 on.
     Integer inputs are checked each time they pass twice the largest checked: found by
     position 200, on the values alone (sampling off: budget 0)."""
     bug = "x * torch.sigmoid(x) * torch.where(x > 1.0, 1.5, 1.0)"
     inputs = ("torch.randn(4, 128, generator=gen) * 0.001, "
               "torch.tensor(i, dtype=torch.int64)")
-    g = _loop(torch_venv, bug, inputs, 600, 2, ROCM_AUTOPATCH_VERIFY_BUDGET="0")
+    g = _loop(torch_venv, bug, inputs, 600, 5, ROCM_AUTOPATCH_VERIFY_BUDGET="0")
     assert g["status"] == "failed" and g["found_because"] == "values", g
     assert 99 <= g["wrong"][0] <= 101 and g["found_at_call"] <= 2 * g["wrong"][0], g
