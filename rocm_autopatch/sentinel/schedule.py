@@ -122,8 +122,13 @@ class Ledger:
 
     def spent_share(self) -> float:
         """The sentinel's share of the wall time since the first warm call."""
-        elapsed = time.perf_counter() - self.start if self.start is not None else 0.0
-        return round(self.spent / elapsed, 5) if elapsed > 0 else 0.0
+        return _share_since(self.spent, self.start)
+
+
+def _share_since(spent: float, since: Optional[float]) -> float:
+    """``spent`` seconds as a share of the wall time since ``since`` (0 before it)."""
+    elapsed = time.perf_counter() - since if since is not None else 0.0
+    return round(spent / elapsed, 5) if elapsed > 0 else 0.0
 
 
 LEDGER = Ledger()
@@ -152,7 +157,7 @@ class Magnitudes:
         """This call's values, waiting for them (a call that is checked synchronises)."""
         try:
             tensors, indices = self._chosen(flat)
-            return dict(zip(indices, _on_host(tensors))) if tensors else {}
+            return dict(zip(indices, _read_now(tensors))) if tensors else {}
         except Exception as exc:  # noqa: BLE001 - as in measure
             return self._stop(exc)
 
@@ -175,7 +180,7 @@ class Magnitudes:
         if not tensors:
             return {}
         if tensors[0].device.type != "cuda":
-            return dict(zip(indices, _on_host(tensors)))
+            return dict(zip(indices, _read_now(tensors)))
         values = _reduce(tensors)
         ready: Dict[int, float] = {}
         if self.reading and self.event.query():
@@ -199,6 +204,13 @@ class Magnitudes:
         chosen = [(i, flat[i].detach()) for i in self.watch
                   if i < len(flat) and isinstance(flat[i], torch.Tensor)]
         return [t for _, t in chosen], [i for i, _ in chosen]
+
+
+def _read_now(tensors: List[Any]) -> List[float]:
+    """max |x| of each tensor, waited for (on a GPU: one reduction, one copy)."""
+    if tensors[0].device.type == "cuda":
+        return _reduce(tensors).tolist()
+    return _on_host(tensors)
 
 
 def _on_host(tensors: List[Any]) -> List[float]:
@@ -414,13 +426,6 @@ class Schedule:
             share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
             self.period = _power_of_two(self.overhead() / (share * pace))
 
-    def budget_spent(self) -> float:
-        """The sampled checks' share of the program's wall time since the first calls."""
-        if self.clock is None or self.calls <= self.first:
-            return 0.0
-        elapsed = time.perf_counter() - self.clock
-        return round(self.spent / elapsed, 5) if elapsed > 0 else 0.0
-
     def coverage(self) -> Dict[str, Any]:
         """What the checks covered, for the report (one graph)."""
         largest = max(self.checked_max.values(), default=None)
@@ -438,7 +443,7 @@ class Schedule:
                        "stopped": self.magnitudes.stopped if self.magnitudes else ""},
             "period": self.period, "budget": self.budget, "values_stride": self.stride,
             "sampled_calls": list(self.sampled_calls),
-            "budget_spent": self.budget_spent(),
+            "budget_spent": _share_since(self.spent, self.clock),  # of the wall time
             "checks_skipped": self.skipped,
             "large_output_checked": self.large_output_checked,
         }
