@@ -153,7 +153,7 @@ def test_a_healthy_dynamic_graph_over_many_shapes_raises_no_alarm_and_reports_co
 
 
 LOOP = r'''
-import json, sys, time, torch
+import json, statistics, sys, time, torch
 from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG
@@ -163,25 +163,27 @@ f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dy
 gen = torch.Generator().manual_seed(0)
 other = torch.randn(32, 128, generator=gen)
 import rocm_autopatch
-wrong, took, t0 = [], [], time.perf_counter()
+wrong, took, loops = [], [], []
 for i in range(1, CALLS + 1):
     x, pos = INPUTS
     begun = time.perf_counter()
     y = f(x, pos)
     took.append(time.perf_counter() - begun)
-    t0 = t0 if i > 1 else time.perf_counter()  # the share is of warm calls
     with torch.no_grad():
         right = torch.nn.functional.silu(x + pos / 100) @ w
     # The rest of the program's loop: OTHER times the graph's own call (the median of its
-    # last 50), spent computing
-    recent = sorted(took[-50:])
+    # last 50 warm calls: the first, which compiles, would make call 2's busy work seconds)
+    recent = sorted(took[1:][-50:])
     busy = time.perf_counter() + OTHER * recent[len(recent) // 2] if i > 1 else 0.0
     while time.perf_counter() < busy:
         other = torch.tanh(other[:1] @ w)
     if not torch.allclose(y, right, atol=1e-3, rtol=1e-3):
         wrong.append(i)
+    loops.append(time.perf_counter() - begun)
 (g,) = rocm_autopatch.report().verify["graphs"]
-share = sum(took[1:]) / (time.perf_counter() - t0)  # the graph's share of the loop
+# The graph's share of the loop: its median warm call against the median warm iteration
+# (medians, so that neither the sentinel's checks nor the machine's load move it)
+share = statistics.median(took[1:]) / statistics.median(loops[1:])
 print(json.dumps({**g, "wrong": wrong[:3], "graph_share": share}))
 '''
 
@@ -197,7 +199,7 @@ def _loop(venv: Venv, bug: str, inputs: str, calls: int, other: int, **env: str)
 @pytest.mark.heavy(25)
 def test_a_cheap_graph_in_a_loop_is_followed_against_the_programs_time(
         torch_venv: Venv) -> None:
-    """The budget is the program's wall time: a graph that is about a third of its loop,
+    """The budget is the program's wall time: a graph that is about a fifth of its loop,
     wrong for activations beyond 50 from call 100 on, is found by its magnitudes before call
     300 at the default budget (issue 32's bound; against the graph's own time its values
     were read every 1,024th call)."""
@@ -205,9 +207,9 @@ def test_a_cheap_graph_in_a_loop_is_followed_against_the_programs_time(
     inputs = ("torch.randn(32, 128, generator=gen) * (1 if i < 100 else 100), "
               "torch.zeros((), dtype=torch.int64)")
     g = _loop(torch_venv, bug, inputs, 600, 2)
-    # The set-up: the graph is a part of the loop, about a third (measured 0.14-0.52 as the
-    # machine's load varied: the loop's eager reference and busy work do not scale alike)
-    assert 0.1 < g["graph_share"] < 0.6, g
+    # The set-up: the graph is a part of the loop, about a fifth (0.21-0.22 measured, idle
+    # and with three busy processes on two cores)
+    assert 0.1 < g["graph_share"] < 0.4, g
     assert g["status"] == "failed" and g["found_because"] == "values", g
     assert g["wrong"][0] == 100 and 100 <= g["found_at_call"] < 300, g
 
