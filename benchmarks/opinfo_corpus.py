@@ -3,7 +3,8 @@
 its first samples, compiled one by one under ``ROCM_AUTOPATCH_VERIFY=check``.
 
     python benchmarks/opinfo_corpus.py [--device cpu|cuda] [--samples 2] [--dynamic]
-                                       [--ops erf,stft,...] [--seconds 480] [--json PATH]
+                                       [--ops erf,stft,...] [--seconds 480] [--jobs 1]
+                                       [--json PATH]
 
 The script runs itself again with ROCm behaviour forced and the sentinel on (repros off), in
 one process: each sample is compiled fresh (``torch._dynamo.reset()``), called once, and the
@@ -11,7 +12,8 @@ graphs it made are read from ``rocm_autopatch.report()``. Printed: graphs judged
 wrong (each with op, dtype, rule and detail: to be investigated, a miscompile or a false
 alarm), not checked (by reason), and samples whose compile or eager run raised (the op's
 own, not counted). ``--seconds`` bounds the run: it stops between ops and says how far it
-got.
+got. ``--jobs N`` splits ``op_db`` into N interleaved shards, each its own process (compiling
+is the cost, and it runs on the CPU), and merges their results.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     graphs: List[Dict[str, Any]] = []
     raised = collections.Counter()
     began, done_ops, stopped = time.time(), 0, ""
-    for op in op_db:
-        if wanted and op.name not in wanted:
+    index, count = (int(n) for n in args.shard.split("/"))
+    for position, op in enumerate(op_db):
+        if (wanted and op.name not in wanted) or position % count != index:
             continue
         if time.time() - began > args.seconds:
             stopped = f"stopped after {args.seconds} s, at op {op.name}"
@@ -88,6 +91,44 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             "date": time.strftime("%Y-%m-%d")}
 
 
+def sharded(args: argparse.Namespace) -> Dict[str, Any]:
+    """``args.jobs`` shards at once, each its own process; their results merged."""
+    import subprocess
+    import tempfile
+
+    began = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [a for i, a in enumerate(sys.argv[1:], 1) if not a.startswith("--jobs")
+                and sys.argv[i - 1] != "--jobs"]
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
+                                   "--jobs", "1", "--shard", f"{k}/{args.jobs}",
+                                   "--json", os.path.join(tmp, f"{k}.json")],
+                                  stdout=subprocess.DEVNULL)
+                 for k in range(args.jobs)]
+        for proc in procs:
+            proc.wait()
+        parts = []
+        for k in range(args.jobs):
+            try:
+                with open(os.path.join(tmp, f"{k}.json")) as fh:
+                    parts.append(json.load(fh))
+            except (OSError, ValueError):
+                parts.append({"stopped": f"shard {k} wrote no result"})
+    merged: Dict[str, Any] = {**parts[0], "statuses": {}, "judged_wrong": [],
+                              "not_checked": {}, "raised": {}, "ops": 0, "graphs": 0,
+                              "stopped": "; ".join(p["stopped"] for p in parts
+                                                   if p.get("stopped"))}
+    for part in parts:
+        merged["ops"] += part.get("ops", 0)
+        merged["graphs"] += part.get("graphs", 0)
+        merged["judged_wrong"] += part.get("judged_wrong", [])
+        for key in ("statuses", "not_checked", "raised"):
+            for name, n in part.get(key, {}).items():
+                merged[key][name] = merged[key].get(name, 0) + n
+    merged.update(jobs=args.jobs, seconds=round(time.time() - began, 1))
+    return merged
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
@@ -95,12 +136,14 @@ def main() -> int:
     parser.add_argument("--dynamic", action="store_true")
     parser.add_argument("--ops", default="")
     parser.add_argument("--seconds", type=float, default=480)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--shard", default="0/1", help=argparse.SUPPRESS)
     parser.add_argument("--json")
     args = parser.parse_args()
     if any(os.environ.get(k) != v for k, v in FORCED.items()):
         # The sentinel is armed at `import torch` (the .pth): run again with it on.
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **FORCED})
-    result = run(args)
+    result = sharded(args) if args.jobs > 1 else run(args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
