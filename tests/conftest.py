@@ -127,6 +127,16 @@ def doctor(venv_: Venv, *args: str, env: Optional[Dict[str, str]] = None
                           timeout=600, cwd=str(venv_.path))
 
 
+def fake_kfd(root: Path, target: int) -> str:
+    """A FAKE KFD topology (stands for an AMD GPU, which no machine here has): a CPU node and
+    one GPU of gfx target ``target`` (90402: gfx942)."""
+    (root / "0").mkdir(parents=True)
+    (root / "0" / "properties").write_text("gfx_target_version 0\n")
+    (root / "1").mkdir()
+    (root / "1" / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {target}\n")
+    return str(root)
+
+
 def flat(text: str) -> str:
     """Doctor text with its 80-column wrapping undone (where it wraps depends on how deep
     the temporary directory is)."""

@@ -6,7 +6,7 @@ environment audited and red flags raised. ``doctor_text`` renders it for people.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.config import caches, profiles, settings
 
@@ -110,8 +110,13 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
     data["fixes"] = _fixes()
     data["left_out"] = profiles.LEFT_OUT
+    data["pipelining"] = pipelining(probe.triton_version(), [g["arch"] for g in data["gpus"]],
+                                    data["gemm_backends"])
+    data["notes"] = notes(report, data["gpus"])
     data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
-                         if r["flag"] == "red"]
+                         if r["flag"] == "red"] + [
+        f"Triton software pipelining: {p['reason']}" for p in data["pipelining"]
+        if p["status"] == "red"]
     if "torch_error" in data:
         data["red_flags"].insert(0, (
             f"torch cannot be imported by this Python ({sys.executable}): "
@@ -120,6 +125,55 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
             "install torch here"))
     data["healthy"] = not data["red_flags"]
     return data
+
+
+def _release(version: Optional[str]) -> Tuple[int, int]:
+    """(major, minor) of a version string such as ``3.7.0+amd.rocm7.0.0``; (0, 0) unknown."""
+    parts = (version or "").split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def pipelining(triton: Optional[str], archs: List[str], gemm: Dict[str, Any]
+               ) -> List[Dict[str, Any]]:
+    """Each reported Triton pipelining failure (``profiles.PIPELINING``) judged here: not
+    needed (another Triton or GPU), kept off (Inductor's pipelined kernels, its Triton GEMM
+    templates, are not used), or red (they are, on an affected Triton and GPU)."""
+    release = _release(triton)
+    found = []
+    for risk in profiles.PIPELINING:
+        hit = [a for a in archs if a.startswith(risk.archs)]
+        reported = (f"reported for Triton {', '.join(f'{a}.{b}' for a, b in risk.triton)} on "
+                    f"{', '.join(risk.archs)}")
+        if release not in risk.triton or not hit:
+            status, reason = "not needed", (
+                f"Triton {triton or 'not installed'} on {', '.join(archs) or 'no AMD GPU'}: "
+                f"{reported}")
+        elif "TRITON" in gemm.get("templates_used", []):
+            status, reason = "red", (
+                f"Triton {triton} on {', '.join(hit)} with Triton GEMM templates autotuned: "
+                f"{risk.what}. Fix: let the profile keep GEMMs on ATen (unset "
+                "INDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS)")
+        else:
+            status, reason = "kept off", (
+                f"Triton {triton} on {', '.join(hit)}: Inductor pipelines only its Triton "
+                "GEMM/conv templates and autotuned flex attention, and GEMMs stay on ATen")
+        found.append({"what": risk.what, "ref": risk.ref, "status": status,
+                      "reason": reason})
+    return found
+
+
+def notes(report: Dict[str, Any], gpus: List[Dict[str, str]]) -> List[str]:
+    """What the doctor says of this machine beyond the rules."""
+    found = []
+    if report.get("platform") == "rocm" and not gpus:
+        found.append("a ROCm build of torch on a machine without an AMD GPU (the KFD "
+                     "topology lists none): torch.compile of CPU code on such a build takes "
+                     "HIP code paths that have no device; use a CPU build of torch here "
+                     "(no public report verified)")
+    return found
 
 
 # GEMM template backends torch can autotune besides ATen, with what they are; FlyDSL is new

@@ -13,7 +13,7 @@ def render(data: Dict[str, Any]) -> str:
     """The doctor's report at 80 columns (paths whole)."""
     r = data["report"]
     out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(data["install"], r)
-    for section in (_platform, _environment, _caches, _fixes, _config, _rewrites):
+    for section in (_platform, _environment, _caches, _fixes, _config, _rewrites, _rules):
         out += [""] + section(data)
     if "torch_error" in data:
         out += ["", f"! {data['red_flags'][0]}"]
@@ -31,6 +31,7 @@ def _platform(data: Dict[str, Any]) -> List[str]:
                                    if gpus else "unknown (no KFD topology)"))
     out.append(f"  active: {'yes' if r['active'] else 'no'}; profile: {r['profile']}")
     out.append(f"  {r['reason']}")
+    out += [f"  ! {note}" for note in data.get("notes", [])]
     return out
 
 
@@ -153,4 +154,16 @@ def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
     if not inst["autoload"]:
         out.append("  TORCH_DEVICE_BACKEND_AUTOLOAD=0: torch's autoload path is off (the .pth "
                    "and the launcher still work)")
+    return out
+
+
+def _rules(data: Dict[str, Any]) -> List[str]:
+    """Rules that are not config keys: Triton pipelining, and what was left out (with why)."""
+    out = ["Rules without a config key"]
+    for risk in data.get("pipelining", []):
+        mark = "! " if risk["status"] == "red" else "  "
+        out.append(f"  {mark}Triton pipelining: {risk['status']}: {risk['reason']} "
+                   f"[{risk['ref']}]")
+    for name, why in data.get("left_out", {}).items():
+        out.append(f"  left out: {name}: {why}")
     return out

@@ -128,6 +128,17 @@ SAFE: Tuple[Setting, ...] = (
         older_names=("reordering",),
     ),
     Setting(
+        "inductor.combo_kernels", False,
+        "combines independent kernels into one (marked Experimental in torch's config); on "
+        "ROCm its kernels computed wrong scalar results (missing store masks, fixed in torch "
+        "2.11) and it crashes compiles with dynamic reduction sizes (fixed in torch 2.14). "
+        "Off is torch's default in 2.10-2.15, kept explicit; asked for per call "
+        "(options={'combo_kernels': True}) it is dropped under safe on torch < 2.14",
+        ref="pytorch#168937 (PR 168939); pytorch#187269 (PR 187275); torch/_inductor/config.py "
+            "combo_kernels ('Experimental'), torch/_inductor/codegen/triton_combo_kernel.py "
+            "('Dynamic shape on reduction dimension is not supported' through 2.13)",
+    ),
+    Setting(
         "inductor.compile_threads", 16,
         "Inductor forks min(32, CPUs it sees) GPU-attached compile workers; in containers "
         "that see the host's CPUs that oversubscribes the GPU's queues and hangs autotuning. "
@@ -210,7 +221,52 @@ LEFT_OUT: Dict[str, str] = {
     "inductor.group_fusion": (
         "marked '# Deprecated' in torch/_inductor/config.py and read nowhere in 2.13"
     ),
+    # The environment rung: HIP runtime variables AMD's notes name. Each stays out until
+    # public evidence for it was read here (none is set by either profile).
+    "HSA_NO_SCRATCH_RECLAIM": (
+        "not set: no public report verified for its effect on torch programs (serving "
+        "and RCCL scripts set it for older MEC firmware); set it yourself where your RCCL "
+        "jobs need it"
+    ),
+    "GPU_MAX_HW_QUEUES": (
+        "not set: no public measurement verified of its effect on torch.compile'd "
+        "programs (AMD's guidance names it for FSDP)"
+    ),
+    "HIP_FORCE_DEV_KERNARG": (
+        "not set: no public measurement verified that it helps torch programs, nor that "
+        "current ROCm runtimes still need it set"
+    ),
+    "TORCH_BLAS_PREFER_HIPBLASLT": (
+        "not set: torch already prefers hipBLASLt on the Instinct architectures it "
+        "supports (aten/src/ATen/Context.cpp blasPreferredBackend), and public reports "
+        "turn it both on (throughput) and off (stability on consumer GPUs)"
+    ),
 }
+
+# Kernels Inductor pipelines on AMD GPUs (num_stages > 1): its Triton GEMM and conv
+# templates (torch/_inductor/template_heuristics/triton.py ROCmConfigHeuristic takes
+# num_stages from Triton's AMD backend default) and flex attention's autotuned configs; its
+# pointwise and reduction kernels use num_stages=1 (torch/_inductor/runtime/
+# triton_heuristics.py triton_config). No Inductor key bounds num_stages: the rule is kept
+# by both profiles' max_autotune_gemm_backends=ATEN, and the doctor says where a program
+# turns the templates back on for an affected Triton and GPU.
+class PipeliningRisk(NamedTuple):
+    archs: Tuple[str, ...]  # GPU architectures (prefixes) it was reported on
+    triton: Tuple[Tuple[int, int], ...]  # Triton (major, minor) releases it was reported on
+    what: str
+    ref: str
+
+
+PIPELINING: Tuple[PipeliningRisk, ...] = (
+    PipeliningRisk(("gfx90a", "gfx942", "gfx11", "gfx12"), ((3, 6),),
+                   "the AMD software pipeliner crashes compiling kernels with 4 or more "
+                   "loads at num_stages=4 (reported on gfx90a and gfx1201, Triton 3.6)",
+                   "triton-lang/triton#9815 (open); vllm-project/vllm PR 45017"),
+    PipeliningRisk(("gfx950",), ((3, 7),),
+                   "pipelined kernels fail the verifier (a crash) or compute deterministic "
+                   "wrong values on gfx950 with Triton 3.7; num_stages=1 avoids both",
+                   "ROCm/aiter PR 4163"),
+)
 
 # Keys that exist but that torch no longer reads: reported as no-ops, never "applied".
 NOOP_KEYS: Dict[str, str] = {

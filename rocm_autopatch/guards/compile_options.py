@@ -12,6 +12,9 @@ rewritten (``rewrite``):
   ``default``; truthy ``max_autotune``, ``max_autotune_gemm``, ``max_autotune_pointwise``,
   ``coordinate_descent_tuning`` options dropped. ``perf`` keeps tuning asked for in code
   (without graphs); ``INDUCTOR_MAX_AUTOTUNE=1`` keeps it under ``safe`` too.
+- Combo kernels, ``safe`` only and on torch < 2.14 (``COMBO_FIXED_IN``): a truthy
+  ``combo_kernels`` option is dropped (the profile's ``inductor.combo_kernels`` rule says
+  why); ``perf`` and ``INDUCTOR_COMBO_KERNELS=1`` keep it.
 
 Backends other than Inductor, unknown modes and options we don't know pass unchanged.
 The wrapper sees every call form: ``torch.compile(...)``, ``@torch.compile``,
@@ -42,6 +45,7 @@ class Policy(NamedTuple):
 
     graphs: bool  # Inductor CUDA graphs allowed
     tuning: bool  # autotuning asked for in code allowed
+    combo: bool = True  # combo kernels asked for in code allowed
 
 
 # torch's modes as (CUDA graphs, autotuning) (torch/_inductor/__init__.py list_mode_options).
@@ -56,12 +60,19 @@ MODE_OF = {flags: mode for mode, flags in MODES.items()}
 GRAPH_OPTIONS = ("triton.cudagraphs", "triton.cudagraph_trees")
 TUNING_OPTIONS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
                   "coordinate_descent_tuning")
+COMBO_OPTIONS = ("combo_kernels",)
+# The release with the last known combo-kernel fix (PR 187275: the crash with dynamic
+# reduction sizes; the wrong values of pytorch#168937 were fixed in 2.11).
+COMBO_FIXED_IN = (2, 14)
 INDUCTOR_BACKENDS = (None, "inductor")
 
 WHY_GRAPHS = ("Inductor CUDA graphs can record work silently and give wrong results on "
               "ROCm (pytorch#185074, pytorch#187715)")
 WHY_TUNING = ("autotuning on ROCm crashes with memory access faults (ROCm/pytorch#3548), "
               "invalidates graph capture (pytorch#193735) and can take minutes per compile")
+WHY_COMBO = ("combo kernels computed wrong values on ROCm before torch 2.11 (pytorch#168937) "
+             "and crash compiles with dynamic reduction sizes before 2.14 (pytorch#187269)")
+ENV_KEEP_COMBO = settings.override_var("combo_kernels")  # INDUCTOR_COMBO_KERNELS
 
 _lock = threading.Lock()
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,23 +91,39 @@ def tuning_kept() -> bool:
     return bool(entry is not None and entry.source == "override" and entry.wanted)
 
 
+def combo_kept() -> bool:
+    """Combo kernels asked for in code go through: ``perf``, a torch with the known fixes,
+    or ``INDUCTOR_COMBO_KERNELS`` set true (typed and applied by the override applier)."""
+    from rocm_autopatch import torch_releases
+
+    if record.REPORT.profile == "perf" or torch_releases.version(
+            sys.modules.get("torch")) >= COMBO_FIXED_IN:
+        return True
+    if settings.raw(ENV_KEEP_COMBO) is None:
+        return False
+    if "torch._inductor.config" not in sys.modules:
+        import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
+    entry = record.REPORT.config_entry("inductor.combo_kernels")
+    return bool(entry is not None and entry.source == "override" and entry.wanted)
+
+
 def policy() -> Policy:
     """The escape hatches and the profile, read from the environment on each call."""
     tuning = record.REPORT.profile == "perf" or tuning_kept()
-    return Policy(graphs=graphs_allowed(), tuning=tuning)
+    return Policy(graphs=graphs_allowed(), tuning=tuning, combo=combo_kept())
 
 
 def _truthy(options: Dict[str, Any], keys: Tuple[str, ...]) -> List[str]:
     return [k for k in keys if options.get(k)]
 
 
-SAFE_POLICY = Policy(graphs=False, tuning=False)
+SAFE_POLICY = Policy(graphs=False, tuning=False, combo=False)
 
 
 def rewrite(kwargs: Dict[str, Any], allowed: Policy = SAFE_POLICY
             ) -> Optional[Tuple[Dict[str, Any], Tuple[str, ...]]]:
-    """(the kwargs to pass on instead of ``kwargs``, what was removed: "graphs"/"tuning"),
-    or None when nothing is unsafe."""
+    """(the kwargs to pass on instead of ``kwargs``, what was removed: "graphs", "tuning",
+    "combo"), or None when nothing is unsafe."""
     if kwargs.get("backend") not in INDUCTOR_BACKENDS:
         return None  # eager, aot_eager, cudagraphs, a user callable: not ours to touch
     mode = kwargs.get("mode")
@@ -115,8 +142,11 @@ def rewrite(kwargs: Dict[str, Any], allowed: Policy = SAFE_POLICY
         removed.update(dict.fromkeys(["graphs"] if drop else []))
         tuning = [] if allowed.tuning else _truthy(options, TUNING_OPTIONS)
         removed.update(dict.fromkeys(["tuning"] if tuning else []))
-        if drop or tuning:
-            kept = {k: v for k, v in options.items() if k not in drop and k not in tuning}
+        combo = [] if allowed.combo else _truthy(options, COMBO_OPTIONS)
+        removed.update(dict.fromkeys(["combo"] if combo else []))
+        if drop or tuning or combo:
+            gone = set(drop) | set(tuning) | set(combo)
+            kept = {k: v for k, v in options.items() if k not in gone}
             new["options"] = kept or None
     if new == kwargs:
         return None
@@ -133,6 +163,8 @@ def _why(removed: Tuple[str, ...]) -> str:
         why.append(WHY_GRAPHS)
     if "tuning" in removed:
         why.append(WHY_TUNING)
+    if "combo" in removed:
+        why.append(WHY_COMBO)
     return "; ".join(why)
 
 
@@ -143,6 +175,9 @@ def _how_to_keep(removed: Tuple[str, ...]) -> str:
                     f"{settings.PROFILE}=perf")
     if "graphs" in removed:
         keep.append(f"to keep CUDA graphs set {ENV_ALLOW_GRAPHS}=1")
+    if "combo" in removed:
+        keep.append(f"to keep combo kernels set {ENV_KEEP_COMBO}=1 or "
+                    f"{settings.PROFILE}=perf")
     return "; ".join(keep) + " (ROCM_AUTOPATCH=0 turns rocm-autopatch off)"
 
 
@@ -195,10 +230,15 @@ def install(torch: ModuleType) -> None:
             record.fix("compile_guard", record.SKIPPED, "this torch has no torch.compile")
             return
         # The tuning override is applied at Inductor's config import, not yet here.
-        allowed = Policy(graphs=graphs_allowed(), tuning=record.REPORT.profile == "perf")
+        from rocm_autopatch import torch_releases
+
+        allowed = Policy(graphs=graphs_allowed(), tuning=record.REPORT.profile == "perf",
+                         combo=record.REPORT.profile == "perf"
+                         or torch_releases.version(torch) >= COMBO_FIXED_IN)
         rewrites = {mode: rewrite({"mode": mode}, allowed) for mode in MODES}
         dropped = (() if allowed.graphs else GRAPH_OPTIONS) + (
-            () if allowed.tuning else TUNING_OPTIONS)
+            () if allowed.tuning else TUNING_OPTIONS) + (
+            () if allowed.combo else COMBO_OPTIONS)
         kept = ([f"CUDA graphs ({ENV_ALLOW_GRAPHS}=1)"] if allowed.graphs else []) + (
             [f"autotuning asked for in code (perf or {ENV_KEEP_TUNING}=1)"]
             if allowed.tuning else [])
@@ -212,4 +252,5 @@ def install(torch: ModuleType) -> None:
                f"{ENV_ALLOW_GRAPHS}=1)")
             + ("" if allowed.tuning else f"; {ENV_KEEP_TUNING}=1, once Inductor's config "
                "applies it, keeps autotuning asked for in code"),
-            f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}")
+            f"{profiles.REF_CUDAGRAPHS}; {profiles.REF_AUTOTUNE}"
+            + ("" if allowed.combo else "; pytorch#168937, pytorch#187269"))

@@ -62,6 +62,10 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
             from rocm_autopatch.config import caches  # unset: not even loaded
 
             caches.install(torch)
+        if report.profile == "perf":
+            from rocm_autopatch.config import tunableop  # safe: not even loaded
+
+            tunableop.install(torch)
         return True
 
 

@@ -130,6 +130,9 @@ def test_red_flag_on_rocm_with_the_package_off_exits_1(torch_venv: Venv) -> None
     assert data["healthy"] is False
     assert [r["flag"] for r in data["environment"] if r["name"] == "TORCHINDUCTOR_MAX_AUTOTUNE"
             ] == ["red"]
+    if not data["gpus"]:  # this machine: a ROCm build (the stand-in) and no AMD GPU
+        assert any("without an AMD GPU" in note for note in data["notes"])
+        assert "! a ROCm build of torch on a machine without an AMD GPU" in proc.stdout
 
 
 def test_red_flag_neutralised_by_the_package(torch_venv: Venv) -> None:
@@ -226,3 +229,37 @@ def test_safe_keeps_template_gemm_backends_flydsl_included_out(torch_venv: Venv)
     assert "no template backend in use (ATen only)" in text
     plain = json.loads(doctor(torch_venv, "--json", env={**env, "ROCM_AUTOPATCH": "0"}).stdout)
     assert "FLYDSL" in plain["gemm_backends"]["listed"]  # without us, torch would list it
+
+
+PIPELINED = {"known": True, "listed": ["ATEN", "TRITON"], "autotuning": True,
+             "templates_used": ["TRITON"]}
+ATEN_ONLY = {"known": True, "listed": ["ATEN"], "autotuning": False, "templates_used": []}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("triton, archs, gemm, statuses", [
+    ("3.7.0+amd.rocm7.0.0.git89002410", ["gfx950"], PIPELINED, ["not needed", "red"]),
+    ("3.7.0+amd.rocm7.0.0.git89002410", ["gfx950"], ATEN_ONLY, ["not needed", "kept off"]),
+    ("3.6.0", ["gfx942"], PIPELINED, ["red", "not needed"]),
+    ("3.8.0", ["gfx950"], PIPELINED, ["not needed", "not needed"]),
+    (None, [], ATEN_ONLY, ["not needed", "not needed"]),
+])
+def test_triton_pipelining_is_judged_by_triton_gpu_and_gemm_backends(
+        triton, archs, gemm, statuses) -> None:
+    from rocm_autopatch.cli import doctor as doctor_module
+
+    found = doctor_module.pipelining(triton, archs, gemm)
+    assert [f["status"] for f in found] == statuses
+    assert all(f["ref"] and f["reason"] for f in found)
+    red = [f for f in found if f["status"] == "red"]
+    assert all("ATen" in f["reason"] for f in red)
+
+
+@pytest.mark.fast
+def test_a_rocm_build_without_an_amd_gpu_is_said() -> None:
+    from rocm_autopatch.cli import doctor as doctor_module
+
+    assert doctor_module.notes({"platform": "rocm"}, []) and \
+        "without an AMD GPU" in doctor_module.notes({"platform": "rocm"}, [])[0]
+    assert doctor_module.notes({"platform": "rocm"}, [{"arch": "gfx942"}]) == []
+    assert doctor_module.notes({"platform": "cpu"}, []) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-from conftest import Venv, clean_env, rank_lines
+from conftest import Venv, clean_env, fake_kfd, rank_lines
 
 # The graph is a GEMM alone: Inductor calls ATen's kernel and generates none, so that a cold
 # compile (a fresh cache, as in a new container) costs no C++ build: what is cached and hit is
@@ -62,15 +62,6 @@ def _traced_hits(folder: Path) -> list:
     return found
 
 
-def _kfd(root: Path, target: int) -> str:
-    """A FAKE KFD topology with one GPU of gfx target ``target`` (stands for the GPU)."""
-    (root / "0").mkdir(parents=True)
-    (root / "0" / "properties").write_text("gfx_target_version 0\n")
-    (root / "1").mkdir()
-    (root / "1" / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {target}\n")
-    return str(root)
-
-
 @pytest.mark.heavy(95)
 def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv: Venv,
                                                                      tmp_path: Path) -> None:
@@ -79,7 +70,7 @@ def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv:
     assert [(r["hit"], r["miss"]) for r in plain] == [(0, 1), (0, 1)]
     root = tmp_path / "mounted"
     env = {"ROCM_AUTOPATCH_CACHE": str(root), "ROCM_AUTOPATCH_KFD_TOPOLOGY":
-           _kfd(tmp_path / "kfd942", 90402)}
+           fake_kfd(tmp_path / "kfd942", 90402)}
     first, _ = _run(torch_venv, tmp_path, "cold", **env,
                     ROCM_AUTOPATCH_REPORT=str(tmp_path / "cold.json"))
     second, err = _run(torch_venv, tmp_path, "warm", **env, TORCH_TRACE=str(tmp_path / "trace"),
@@ -101,7 +92,7 @@ def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv:
     assert "WARNING" not in err
     # Another GPU (or torch, or Triton) gets its own directory: nothing stale is loaded.
     other, _ = _run(torch_venv, tmp_path, "gfx950", ROCM_AUTOPATCH_CACHE=str(root),
-                    ROCM_AUTOPATCH_KFD_TOPOLOGY=_kfd(tmp_path / "kfd950", 90500))
+                    ROCM_AUTOPATCH_KFD_TOPOLOGY=fake_kfd(tmp_path / "kfd950", 90500))
     assert (other["hit"], other["miss"]) == (0, 1)
     assert sorted(p.name.rsplit("-", 1)[1] for p in root.iterdir()) == ["gfx942", "gfx950"]
 

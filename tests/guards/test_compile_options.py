@@ -151,13 +151,45 @@ TABLE = [
      ("tuning",)),
     ({"options": {"max_autotune": True, "triton.cudagraphs": True}}, P(False, True),
      {"options": {"max_autotune": True}}, ("graphs",)),
+    ({"options": {"combo_kernels": True, "epilogue_fusion": True}}, P(False, False, False),
+     {"options": {"epilogue_fusion": True}}, ("combo",)),
+    ({"options": {"combo_kernels": True}}, P(False, False, True), None, ()),
 ]
 
 
 @pytest.mark.parametrize("asked, allowed, gets, removed", TABLE)
 @pytest.mark.fast
 def test_rewrite_table(asked: dict, allowed, gets: dict, removed: tuple) -> None:
-    assert compile_options.rewrite(asked, allowed) == (gets, removed)
+    assert compile_options.rewrite(asked, allowed) == ((gets, removed) if gets else None)
+
+
+COMBO = SPY + """
+out = check(torch.compile(eager, options={"combo_kernels": True, "epilogue_fusion": True}))
+""" + REPORT
+
+
+@pytest.mark.parametrize("env, kept", [
+    ({}, False), ({"INDUCTOR_COMBO_KERNELS": "1"}, True),
+    ({"ROCM_AUTOPATCH_PROFILE": "perf"}, True)])
+def test_combo_kernels_asked_for_in_code(torch_venv: Venv, env: dict, kept: bool) -> None:
+    """On a torch before 2.14 (the suite's 2.13) safe drops per-call combo kernels, saying
+    why with the reports; INDUCTOR_COMBO_KERNELS=1 and perf keep them (spied on what
+    reaches Inductor)."""
+    import json
+
+    proc = torch_venv.run(COMBO, env={"ROCM_AUTOPATCH": "force", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    asked = {"combo_kernels": True, "epilogue_fusion": True}
+    assert out["out"] is True
+    if kept:
+        assert out["received"] == [{"mode": None, "options": asked}] and not out["rewrites"]
+        return
+    assert out["received"] == [{"mode": None, "options": {"epilogue_fusion": True}}]
+    (rewrite,) = out["rewrites"]
+    assert "pytorch#168937" in rewrite[4] and "pytorch#187269" in rewrite[4]
+    (warning,) = [ln for ln in proc.stderr.splitlines() if "runs as torch.compile(" in ln]
+    assert "INDUCTOR_COMBO_KERNELS=1" in warning
 
 
 AUTOTUNE = SPY + """
