@@ -113,6 +113,9 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["pipelining"] = pipelining(probe.triton_version(), [g["arch"] for g in data["gpus"]],
                                     data["gemm_backends"])
     data["notes"] = notes(report, data["gpus"])
+    data["tunableop"] = report["fixes"].get("tunableop") or {
+        "status": "off", "reason": f"the {report.get('profile') or 'safe'} profile leaves "
+        f"TunableOp off ({settings.PROFILE}=perf with {settings.CACHE} set turns it on)"}
     data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
                          if r["flag"] == "red"] + [
         f"Triton software pipelining: {p['reason']}" for p in data["pipelining"]

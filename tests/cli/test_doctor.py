@@ -98,6 +98,8 @@ def test_json_schema(torch_venv: Venv) -> None:
     assert set(report["fixes"]) == {"compile_guard", "compile_watchdog", "capture_policy",
                                     "capture_rng", "capture_error", "numerics_sentinel"}
     assert report["fixes"]["numerics_sentinel"]["status"] == "off"
+    assert data["tunableop"]["status"] == "off"  # safe
+    assert {"HSA_NO_SCRATCH_RECLAIM", "TORCH_BLAS_PREFER_HIPBLASLT"} <= set(data["left_out"])
     assert all(fix.get("ref") for name, fix in report["fixes"].items()
                if name != "compile_watchdog")
     assert data["gpus"] == [] and data["healthy"] is True
@@ -110,6 +112,10 @@ def test_profile_perf_shows_perf_without_touching_other_processes(torch_venv: Ve
     assert data["report"]["profile"] == "perf"
     assert keys == {s.key for s in profiles.PROFILES["perf"]}
     assert keys > safe_keys()
+    # TunableOp: perf's, but only with a directory to keep its results in
+    assert data["tunableop"]["status"] == "skipped"
+    assert "ROCM_AUTOPATCH_CACHE" in data["tunableop"]["reason"]
+    assert {p["status"] for p in data["pipelining"]} == {"not needed"}  # no AMD GPU here
     # Nothing global: a program run afterwards still gets the default profile.
     after = torch_venv.json("import json, torch._inductor.config as ic, rocm_autopatch; "
                             "print(json.dumps(rocm_autopatch.report().profile))",
