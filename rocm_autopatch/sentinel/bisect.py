@@ -91,6 +91,12 @@ KNOBS = (
           "value": "ATEN"}, _tuned, "torch/_inductor/config.py max_autotune_gemm_backends"),
     Knob("64-bit indexing in every kernel", {"kind": "index64"}, _gpu,
          "torch/_inductor/codegen/simd.py SIMDScheduling.can_use_32bit_indexing"),
+    # No Inductor key bounds num_stages: its ROCm template configs take Triton's AMD
+    # default (torch/_inductor/template_heuristics/triton.py ROCmConfigHeuristic).
+    Knob("Triton software pipelining off (num_stages=1 in Inductor's templates)",
+         {"kind": "stages1"}, _amd,
+         "triton-lang/triton#9815, ROCm/aiter PR 4163; torch/_inductor/utils.py "
+         "get_backend_num_stages"),
 )
 
 def _where_now(bisector: Any) -> str:

@@ -148,6 +148,8 @@ def describe(change: Dict[str, Any]) -> str:
         return f"{change.get('name')}={change.get('value')} while it compiles"
     if kind == "index64":
         return "64-bit indexing in its kernels"
+    if kind == "stages1":
+        return "Triton software pipelining off in its templates (num_stages=1)"
     return f"unknown change {change!r}"
 
 
@@ -169,6 +171,8 @@ def applied(fix: Optional[Dict[str, Any]]) -> Iterator[None]:
             stack.enter_context(_env(change))
         elif kind == "index64":
             stack.enter_context(_index64())
+        elif kind == "stages1":
+            stack.enter_context(_one_stage())
         yield
 
 
@@ -300,4 +304,22 @@ def _index64() -> Iterator[None]:
 
     with patching.swapped(SIMDScheduling, "can_use_32bit_indexing",
                           staticmethod(lambda *args, **kwargs: False)):
+        yield
+
+
+@contextlib.contextmanager
+def _one_stage() -> Iterator[None]:
+    """Inductor's templates built with num_stages=1: the backend default they read, in the
+    module that defines it and the one that imported it (torch 2.13's template heuristics)."""
+    import importlib
+
+    with contextlib.ExitStack() as stack:
+        for name in ("torch._inductor.utils", "torch._inductor.template_heuristics.triton"):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            if hasattr(module, "get_backend_num_stages"):
+                stack.enter_context(patching.swapped(module, "get_backend_num_stages",
+                                                     lambda: 1))
         yield

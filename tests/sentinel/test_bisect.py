@@ -121,7 +121,7 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
                                 "subsystem": "decomposition",
                                 "target": "<OpOverload(op='aten.silu', overload='default')>"}
     # The ROCm knobs: each said not to apply to a CPU graph, and why.
-    assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 4
+    assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 5
     progress = (folder / "bisect-run.log").read_text()
     assert "rocm-autopatch bisect: step 1 " in progress and "applications" in progress
     assert (tmp_path / "crashed").exists() and "(again: the last run gave no verdict)" in progress
@@ -234,3 +234,25 @@ def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
     assert f"parent {server}" not in last  # a fresh interpreter
     assert "could not run the step" in (tmp_path / "log").read_text()
     assert out["ended"] == "out of time" and out["forked"] == 1 and out["alive"] is False
+
+
+@pytest.mark.fast
+def test_the_pipelining_knob_builds_inductors_rocm_templates_with_one_stage() -> None:
+    """No Inductor key bounds num_stages; the knob (and a fix remembered from it) makes the
+    ROCm template heuristics of the running torch take 1 (their default is Triton's AMD
+    backend's, 2), and leaves torch as it was afterwards."""
+    import torch._inductor.utils as inductor_utils
+
+    from rocm_autopatch.sentinel import bisect, fixes
+
+    knob = next(k for k in bisect.KNOBS if k.change == {"kind": "stages1"})
+    assert "triton-lang/triton#9815" in knob.ref
+    before = inductor_utils.get_backend_num_stages
+    with fixes.applied({"change": knob.change}):
+        from torch._inductor.template_heuristics.triton import ROCmConfigHeuristic
+
+        heuristic = ROCmConfigHeuristic()
+        assert heuristic.default_num_stages == 1
+        assert {c.num_stages for c in heuristic.mm_configs} == {1}
+    assert inductor_utils.get_backend_num_stages is before
+    assert fixes.describe(knob.change).startswith("Triton software pipelining off")
