@@ -59,7 +59,9 @@ def last_json(stdout: str, stderr: str) -> Dict[str, Any]:
 
 
 def meta(torch: Any, **extra: Any) -> Dict[str, Any]:
-    return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, **extra,
+    device = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
+              else f"CPU ({os.cpu_count()} cores)")
+    return {"device": device, "torch": torch.__version__, **extra,
             "date": time.strftime("%Y-%m-%d")}
 
 

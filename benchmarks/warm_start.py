@@ -7,7 +7,9 @@
 Models: transformers' Llama at TinyLlama's 1.1B configuration (22 layers, random weights,
 bf16, a 1 x 512 forward, torch.compile default mode); the runaway-autotuning model of
 benchmarks/compile_hang.py (32 distinct GEMM shapes, mode="max-autotune", the perf profile,
-which keeps the tuning). Arms, each model:
+which keeps the tuning); ``gpt2-cpu``: transformers' GPT-2 with 6 layers on the CPU (random
+weights, fp32, 1 x 128 tokens, default mode; also prints its logits' sum, which a warm start
+must reproduce exactly). Arms, each model:
 - ``one``: a process compiles with an empty cache directory (cold), then a new process
   with a new TMPDIR and the same directory (warm);
 - ``two``: two processes started together on an empty directory (they race to fill it),
@@ -16,8 +18,9 @@ which keeps the tuning). Arms, each model:
   save_cache_artifacts`` after the cold compile, ``load_cache_artifacts`` before the warm
   one, each process with a new TMPDIR and no ROCM_AUTOPATCH_CACHE), where torch has it.
 ``--env`` adds a variable to every child (``--env INDUCTOR_FREEZING=0``).
-Per process: the first call's seconds (the compile, synchronised), torch's cache counters,
-and the seconds the compile report says the caches saved. Target: warm >= 5x faster.
+Per process: the first call's seconds (the compile, synchronised), where they went (torch's
+``dynamo_timed`` phases of 50 ms or more), torch's cache counters, and the seconds the
+compile report says the caches saved. Target: warm >= 5x faster.
 """
 
 from __future__ import annotations
@@ -41,7 +44,16 @@ if mega.startswith("load:"):
     if blob:
         torch.compiler.load_cache_artifacts(blob)
 torch.manual_seed(0)
-if model_name == "llama":
+device = "cpu" if model_name.endswith("-cpu") else "cuda"
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+if model_name == "gpt2-cpu":
+    import transformers as t
+    cfg = t.GPT2Config(n_layer=6)
+    model = t.GPT2LMHeadModel(cfg).eval()
+    x = torch.randint(0, cfg.vocab_size, (1, 128))
+    f = torch.compile(model)
+    call = lambda: f(input_ids=x).logits
+elif model_name == "llama":
     import transformers as t
     cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                         num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
@@ -57,17 +69,20 @@ else:
     f = torch.compile(model, mode="max-autotune")
     call = lambda: f(x)
 with torch.no_grad():
-    torch.cuda.synchronize()
+    sync()
     start = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
+    out = call()
+    sync()
     first = time.perf_counter() - start
 if mega.startswith("save:"):
     saved = torch.compiler.save_cache_artifacts()  # None: nothing to save
     with open(mega[5:], "wb") as fh:
         fh.write(saved[0] if saved else b"")
-from torch._dynamo.utils import counters
-print(json.dumps({"first_call_s": round(first, 2),
+from torch._dynamo.utils import compilation_time_metrics, counters
+# Where the first call's seconds went, as torch's dynamo_timed phases record them
+phases = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items() if sum(v) >= 0.05}
+print(json.dumps({"first_call_s": round(first, 2), "out_sum": float(out.double().sum()),
+                  "phases": phases,
                   "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],

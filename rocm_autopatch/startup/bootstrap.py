@@ -25,6 +25,7 @@ HOOKS = {
     "torch._inductor.config": ("rocm_autopatch.startup.wiring:on_inductor_config",),
     "torch._dynamo.convert_frame": ("rocm_autopatch.startup.wiring:on_convert_frame",),
     "torch._inductor.compile_fx": ("rocm_autopatch.startup.wiring:on_compile_fx",),
+    "torch._inductor.codecache": ("rocm_autopatch.startup.wiring:on_codecache",),
 }
 
 _lock = _thread.allocate_lock()

@@ -135,6 +135,15 @@ def on_convert_frame(module: ModuleType) -> None:
 
 
 
+def on_codecache(module: ModuleType) -> None:
+    """The C++ precompiled headers beside the caches; unset, not even ``caches`` is loaded."""
+    if not decide() or "rocm_autopatch.config.caches" not in sys.modules:
+        return
+    from rocm_autopatch.config import caches
+
+    caches.keep_headers(module)
+
+
 def on_compile_fx(module: ModuleType) -> None:
     """The numerics sentinel; unset or off, not even its package is imported."""
     if not decide():
