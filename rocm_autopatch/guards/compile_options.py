@@ -82,13 +82,20 @@ def graphs_allowed() -> bool:
     return log.setting(ENV_ALLOW_GRAPHS)
 
 
-def tuning_kept() -> bool:
-    """``INDUCTOR_MAX_AUTOTUNE`` as the override applier read it (typed by torch's config,
-    warned about there): true where it set ``inductor.max_autotune`` to a true value."""
-    if "torch._inductor.config" not in sys.modules and settings.raw(ENV_KEEP_TUNING) is not None:
+def _kept_by_override(var: str, key: str) -> bool:
+    """``var`` (an ``INDUCTOR_<KEY>`` override) as the override applier read it (typed by
+    torch's config, warned about there): true where it set ``key`` to a true value."""
+    if settings.raw(var) is None:
+        return False
+    if "torch._inductor.config" not in sys.modules:
         import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
-    entry = record.REPORT.config_entry("inductor.max_autotune")
+    entry = record.REPORT.config_entry(key)
     return bool(entry is not None and entry.source == "override" and entry.wanted)
+
+
+def tuning_kept() -> bool:
+    """``INDUCTOR_MAX_AUTOTUNE=1`` keeps autotuning asked for in code."""
+    return _kept_by_override(ENV_KEEP_TUNING, "inductor.max_autotune")
 
 
 def combo_kept() -> bool:
@@ -96,15 +103,9 @@ def combo_kept() -> bool:
     or ``INDUCTOR_COMBO_KERNELS`` set true (typed and applied by the override applier)."""
     from rocm_autopatch import torch_releases
 
-    if record.REPORT.profile == "perf" or torch_releases.version(
-            sys.modules.get("torch")) >= COMBO_FIXED_IN:
-        return True
-    if settings.raw(ENV_KEEP_COMBO) is None:
-        return False
-    if "torch._inductor.config" not in sys.modules:
-        import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
-    entry = record.REPORT.config_entry("inductor.combo_kernels")
-    return bool(entry is not None and entry.source == "override" and entry.wanted)
+    return (record.REPORT.profile == "perf"
+            or torch_releases.version(sys.modules.get("torch")) >= COMBO_FIXED_IN
+            or _kept_by_override(ENV_KEEP_COMBO, "inductor.combo_kernels"))
 
 
 def policy() -> Policy:
