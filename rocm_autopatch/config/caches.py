@@ -28,13 +28,17 @@ hash the compiler, its flags and the preprocessed header, so a stale one is neve
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import platform
 import re
+import shutil
 import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-from rocm_autopatch import log, probe
+from rocm_autopatch import files, log, probe
 from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import record
 
@@ -146,6 +150,89 @@ def keep_headers(codecache: ModuleType) -> None:
     except Exception as exc:  # noqa: BLE001 - torch's default place stays
         log.hook_failed("torch._inductor.codecache",
                         "rocm_autopatch.config.caches.keep_headers", exc)
+
+
+ISA = "cpu_isa"  # the CPU vector-ISA probes' entry in report().fixes, and their record
+ISA_REF = ("torch/_inductor/cpu_vec_isa.py VecISA.check_build: a probe built, then loaded "
+           "by a child interpreter, per check (torch 2.10-2.15)")
+
+
+def keep_isa_checks(cpu_vec_isa: ModuleType) -> None:
+    """At ``torch._inductor.cpu_vec_isa``'s import: each vector ISA's check (a probe
+    compiled, then loaded in a child interpreter: about 0.12 s a child, ten of them, 1.2 s of
+    a 3.4 s warm start of GPT-2 on this project's CPU) remembered beside the caches, keyed
+    by the ISA, its flags, the probe's code, the CPU's flags, the compiler and torch: a new
+    container on the same machine asks again of nothing. Never raises."""
+    try:
+        vec_isa = getattr(cpu_vec_isa, "VecISA", None)
+        if _where is None or vec_isa is None or not hasattr(vec_isa, "check_build"):
+            return
+        from rocm_autopatch import patching
+
+        if patching.wrap(vec_isa, "check_build", _remembered) is not None:
+            record.fix(ISA, record.APPLIED, "CPU vector-ISA checks remembered in "
+                       f"{os.path.join(_where, ISA + '.json')} (per CPU, compiler and torch: "
+                       "a new container does not start a child interpreter per ISA again)",
+                       ISA_REF)
+    except Exception as exc:  # noqa: BLE001 - torch checks every time, as without us
+        log.hook_failed("torch._inductor.cpu_vec_isa",
+                        "rocm_autopatch.config.caches.keep_isa_checks", exc)
+
+
+def _remembered(original: Any) -> Any:
+    def check_build(self: Any, code: str) -> bool:
+        try:
+            key = _isa_key(self, code)
+        except Exception:  # noqa: BLE001 - no key: torch's own check
+            return original(self, code)
+        path = os.path.join(_where or "", ISA + ".json")
+        known = _read_json(path).get(key)
+        if isinstance(known, bool):
+            return known
+        found = original(self, code)
+        with files.directory_lock(os.path.dirname(path)):
+            table = _read_json(path)
+            table[key] = bool(found)
+            files.write_atomically(path, json.dumps(table, indent=1, sort_keys=True))
+        return found
+
+    return check_build
+
+
+def _isa_key(isa: Any, code: str) -> str:
+    """What an ISA check's answer depends on: the ISA and its flags, the probe, this CPU's
+    flags, the compiler (its path, size and time) and torch."""
+    import torch
+    from torch._inductor import cpp_builder
+
+    compiler = cpp_builder.get_cpp_compiler()
+    where = shutil.which(compiler) or compiler
+    stat = os.stat(where)
+    parts = [str(isa), isa.build_arch_flags(), code, torch.__version__, _cpu_flags(),
+             where, str(stat.st_size), str(stat.st_mtime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _cpu_flags() -> str:
+    """The first CPU's feature flags (Linux), "" elsewhere: a machine with other flags gets
+    other keys."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features", "features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as fh:
+            found = json.load(fh)
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 HEADERS_REF = ("torch/_inductor/codecache.py _HEADER_DIR ('these headers need to be "

@@ -26,6 +26,7 @@ HOOKS = {
     "torch._dynamo.convert_frame": ("rocm_autopatch.startup.wiring:on_convert_frame",),
     "torch._inductor.compile_fx": ("rocm_autopatch.startup.wiring:on_compile_fx",),
     "torch._inductor.codecache": ("rocm_autopatch.startup.wiring:on_codecache",),
+    "torch._inductor.cpu_vec_isa": ("rocm_autopatch.startup.wiring:on_cpu_vec_isa",),
 }
 
 _lock = _thread.allocate_lock()

@@ -144,6 +144,15 @@ def on_codecache(module: ModuleType) -> None:
     caches.keep_headers(module)
 
 
+def on_cpu_vec_isa(module: ModuleType) -> None:
+    """The CPU vector-ISA checks remembered beside the caches (unset: nothing loaded)."""
+    if not decide() or "rocm_autopatch.config.caches" not in sys.modules:
+        return
+    from rocm_autopatch.config import caches
+
+    caches.keep_isa_checks(module)
+
+
 def on_compile_fx(module: ModuleType) -> None:
     """The numerics sentinel; unset or off, not even its package is imported."""
     if not decide():

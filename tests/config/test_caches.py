@@ -98,14 +98,26 @@ def test_a_new_container_hits_the_caches_kept_in_the_named_directory(torch_venv:
 
 
 CPP_JOB = r'''
-import glob, json, os, tempfile, torch
+import glob, json, os, subprocess, tempfile, torch
 from torch._dynamo.utils import counters
+PROBES = []  # spied on: the child interpreters torch starts to load an ISA probe
+for name in ("run", "check_call"):
+    def spy(*args, _real=getattr(subprocess, name), **kwargs):
+        argv = args[0] if args else kwargs.get("args")
+        if isinstance(argv, list) and "cdll.LoadLibrary" in " ".join(map(str, argv)):
+            PROBES.append(argv[-1][-80:])
+        return _real(*args, **kwargs)
+    setattr(subprocess, name, spy)
 f = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2 + 1)
 x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 ok = bool(torch.allclose(f(x), torch.nn.functional.gelu(x) * 2 + 1, atol=1e-5))
 import rocm_autopatch, torch._inductor.codecache as codecache
 fix = rocm_autopatch.report().fixes.get("precompiled_headers")
+isa = rocm_autopatch.report().fixes.get("cpu_isa")
+import torch._inductor.cpu_vec_isa as cpu_vec_isa
 print(json.dumps({"ok": ok, "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "probes": len(PROBES), "isa": str(cpu_vec_isa.pick_vec_isa()),
+                  "isa_fix": dict(isa) if isa else None,
                   "headers": codecache._HEADER_DIR, "fix": dict(fix) if fix else None,
                   "in_tmp": glob.glob(os.path.join(tempfile.gettempdir(), "*",
                                                    "precompiled_headers"))}))
@@ -117,7 +129,9 @@ def test_a_new_container_does_not_rebuild_the_cpp_precompiled_headers(torch_venv
                                                                      tmp_path: Path) -> None:
     """torch keeps C++ precompiled headers under /tmp whatever TORCHINDUCTOR_CACHE_DIR says
     and builds them before it looks for a cached kernel: kept beside the caches, a new
-    container (a new TMPDIR) builds none (4.6 s of an 8.1 s warm start of GPT-2 here)."""
+    container (a new TMPDIR) builds none (4.6 s of an 8.1 s warm start of GPT-2 here).
+    Nor does it start a child interpreter per CPU vector ISA again (1.2 s): the checks'
+    answers are remembered, and the same ISA is picked."""
     root = tmp_path / "mounted"
     runs = []
     for name in ("cold", "warm"):
@@ -138,6 +152,10 @@ def test_a_new_container_does_not_rebuild_the_cpp_precompiled_headers(torch_venv
     # the warm process built nothing: the same headers, untouched, and none under its /tmp
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.gch")} == built
     assert warm["in_tmp"] == [] and cold["in_tmp"] == []
+    # the ISA checks: probed in the cold process, remembered in the warm one
+    assert cold["probes"] > 0 and warm["probes"] == 0, (cold["probes"], warm["probes"])
+    assert warm["isa"] == cold["isa"] and warm["isa_fix"]["status"] == "applied"
+    assert (sub / "cpu_isa.json").exists()
 
 
 def test_torchs_own_variable_wins(torch_venv: Venv, tmp_path: Path) -> None:
