@@ -24,6 +24,9 @@ before it looks for a cached C++ kernel: a new container rebuilds them at its fi
 compile with every kernel cached (4.6 s of an 8.1 s warm start of a 6-layer GPT-2 on this
 project's CPU machine). ``keep_headers`` moves them beside the caches; their file names
 hash the compiler, its flags and the preprocessed header, so a stale one is never used.
+Likewise torch checks each CPU vector ISA in every process with a child interpreter that
+loads a probe (1.2 s of the same warm start); ``keep_isa_checks`` remembers the answers
+there, per ISA, probe, CPU, compiler and torch.
 """
 
 from __future__ import annotations
