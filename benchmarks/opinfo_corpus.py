@@ -83,10 +83,15 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     statuses = collections.Counter(g["status"] for g in graphs)
     not_checked = collections.Counter(g["reason"][:160] for g in graphs
                                       if g["status"] == "skipped")
+    which: Dict[str, List[str]] = collections.defaultdict(list)
+    for g in graphs:
+        if g["status"] == "skipped":
+            which[g["reason"][:160]].append(f"{g['op']} {g['dtype']}")
     return {"device": args.device, "torch": torch.__version__, "dynamic": args.dynamic,
             "ops": done_ops, "graphs": len(graphs), "statuses": dict(statuses),
             "judged_wrong": [g for g in graphs if g["status"] in ("failed", "fell back")],
-            "not_checked": dict(not_checked.most_common()), "raised": dict(raised),
+            "not_checked": dict(not_checked.most_common()),
+            "not_checked_ops": dict(which), "raised": dict(raised),
             "stopped": stopped, "seconds": round(time.time() - began, 1),
             "date": time.strftime("%Y-%m-%d")}
 
@@ -115,7 +120,8 @@ def sharded(args: argparse.Namespace) -> Dict[str, Any]:
             except (OSError, ValueError):
                 parts.append({"stopped": f"shard {k} wrote no result"})
     merged: Dict[str, Any] = {**parts[0], "statuses": {}, "judged_wrong": [],
-                              "not_checked": {}, "raised": {}, "ops": 0, "graphs": 0,
+                              "not_checked": {}, "not_checked_ops": {}, "raised": {},
+                              "ops": 0, "graphs": 0,
                               "stopped": "; ".join(p["stopped"] for p in parts
                                                    if p.get("stopped"))}
     for part in parts:
@@ -125,6 +131,8 @@ def sharded(args: argparse.Namespace) -> Dict[str, Any]:
         for key in ("statuses", "not_checked", "raised"):
             for name, n in part.get(key, {}).items():
                 merged[key][name] = merged[key].get(name, 0) + n
+        for reason, ops in part.get("not_checked_ops", {}).items():
+            merged["not_checked_ops"].setdefault(reason, []).extend(ops)
     merged.update(jobs=args.jobs, seconds=round(time.time() - began, 1))
     return merged
 
@@ -150,9 +158,10 @@ def main() -> int:
     for g in result["judged_wrong"]:
         print(f"judged wrong: {g['op']} {g['dtype']}: {g['rule']}: {g['detail'][:200]}")
     for reason, count in result["not_checked"].items():
-        print(f"not checked ({count}): {reason}")
+        ops = ", ".join(result["not_checked_ops"].get(reason, []))
+        print(f"not checked ({count}): {reason} [{ops}]")
     print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("judged_wrong", "not_checked")}))
+                      if k not in ("judged_wrong", "not_checked", "not_checked_ops")}))
     return 0
 
 
