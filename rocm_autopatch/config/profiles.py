@@ -237,9 +237,9 @@ LEFT_OUT: Dict[str, str] = {
         "current ROCm runtimes still need it set"
     ),
     "TORCH_BLAS_PREFER_HIPBLASLT": (
-        "not set: torch already prefers hipBLASLt on the Instinct architectures it "
-        "supports (aten/src/ATen/Context.cpp blasPreferredBackend), and public reports "
-        "turn it both on (throughput) and off (stability on consumer GPUs)"
+        "not set: torch chooses its BLAS backend itself where it is unset "
+        "(aten/src/ATen/Context.cpp blasPreferredBackend), and public reports set it both "
+        "ways: on for throughput, off for stability on consumer GPUs"
     ),
 }
 
