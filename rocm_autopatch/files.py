@@ -1,7 +1,8 @@
 """Files that several processes share: a write a reader sees whole or not at all
-(``write_atomically``), and a lock on a directory for the time of a read-and-write
-(``directory_lock``). The compile report and the sentinel's remembered fixes and bisection
-results are written through them."""
+(``write_atomically``), a lock on a directory for the time of a read-and-write
+(``directory_lock``), and a JSON object read back, or nothing (``read_json``). The compile
+report, the sentinel's remembered fixes and bisection results, and the remembered CPU ISA
+checks go through them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import stat
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 
 class directory_lock:
@@ -77,3 +78,15 @@ def write_atomically(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    """The JSON object in ``path``; None where it is missing, unreadable or not an object."""
+    import json  # not at start-up: the other helpers here are used there
+
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

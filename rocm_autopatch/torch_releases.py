@@ -24,8 +24,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 def version(torch: types.ModuleType) -> Tuple[int, int]:
     """(major, minor) of ``torch.__version__``; (0, 0) when it can't be read."""
+    return release(str(getattr(torch, "__version__", "")))
+
+
+def release(text: Optional[str]) -> Tuple[int, int]:
+    """(major, minor) of a version string (``2.13.0+cpu``, ``3.7.0+amd.rocm7.0.0``); (0, 0)
+    when it can't be read."""
     # Not a regex: compiling one costs ~0.1 ms on the import path, half this hook's work.
-    major, _, rest = str(getattr(torch, "__version__", "")).partition(".")
+    major, _, rest = (text or "").partition(".")
     minor = "".join(itertools.takewhile(str.isdecimal, rest))
     return (int(major), int(minor)) if major.isdecimal() and minor else (0, 0)
 

@@ -6,7 +6,7 @@ environment audited and red flags raised. ``doctor_text`` renders it for people.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from rocm_autopatch.config import caches, profiles, settings
 
@@ -130,21 +130,14 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     return data
 
 
-def _release(version: Optional[str]) -> Tuple[int, int]:
-    """(major, minor) of a version string such as ``3.7.0+amd.rocm7.0.0``; (0, 0) unknown."""
-    parts = (version or "").split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
-
-
 def pipelining(triton: Optional[str], archs: List[str], gemm: Dict[str, Any]
                ) -> List[Dict[str, Any]]:
     """Each reported Triton pipelining failure (``profiles.PIPELINING``) judged here: not
     needed (another Triton or GPU), kept off (Inductor's pipelined kernels, its Triton GEMM
     templates, are not used), or red (they are, on an affected Triton and GPU)."""
-    release = _release(triton)
+    from rocm_autopatch import torch_releases
+
+    release = torch_releases.release(triton)
     found = []
     for risk in profiles.PIPELINING:
         hit = [a for a in archs if a.startswith(risk.archs)]

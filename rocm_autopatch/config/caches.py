@@ -31,6 +31,7 @@ there, per ISA, probe, CPU, compiler and torch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ import re
 import shutil
 import tempfile
 from types import ModuleType
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import files, log, probe
 from rocm_autopatch.config import settings
@@ -47,6 +48,8 @@ from rocm_autopatch.reporting import record
 
 NAME = "compile_cache"  # its entry in report().fixes
 HEADERS = "precompiled_headers"  # the headers' entry in report().fixes, and their folder
+HEADERS_REF = ("torch/_inductor/codecache.py _HEADER_DIR ('these headers need to be "
+               "global') and CppPythonBindingsCodeCache.load_pybinding_async (torch 2.10-2.15)")
 FORCE_VARS = ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_COMPILE_FORCE_DISABLE_CACHES")
 KEEP_OFF = settings.override_var("force_disable_caches")  # INDUCTOR_FORCE_DISABLE_CACHES
 TORCH_DIR, TRITON_DIR = "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"
@@ -60,6 +63,11 @@ def key(torch: ModuleType, archs: Optional[List[str]] = None) -> str:
     arch = "+".join(sorted(set(found))) or probe.platform_of(torch)
     text = f"torch-{torch.__version__}-triton-{probe.triton_version() or 'none'}-{arch}"
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+
+
+def directory(torch: ModuleType, root: str) -> str:
+    """``ROCM_AUTOPATCH_CACHE``'s (``root``) directory for this torch, Triton and GPU."""
+    return os.path.join(os.path.abspath(os.path.expanduser(root)), key(torch))
 
 
 _where: Optional[str] = None  # this process's cache directory, once it could be written
@@ -105,7 +113,7 @@ def _flag_force() -> None:
 
 
 def _redirect(torch: ModuleType, root: str) -> None:
-    where = os.path.join(os.path.abspath(os.path.expanduser(root)), key(torch))
+    where = directory(torch, root)
     theirs = [v for v in (TORCH_DIR, TRITON_DIR) if (settings.raw(v) or "").strip()]
     try:
         for sub in ("inductor", "triton"):
@@ -189,12 +197,12 @@ def _remembered(original: Any) -> Any:
         except Exception:  # noqa: BLE001 - no key: torch's own check
             return original(self, code)
         path = os.path.join(_where or "", ISA + ".json")
-        known = _read_json(path).get(key)
+        known = (files.read_json(path) or {}).get(key)
         if isinstance(known, bool):
             return known
         found = original(self, code)
         with files.directory_lock(os.path.dirname(path)):
-            table = _read_json(path)
+            table = files.read_json(path) or {}
             table[key] = bool(found)
             files.write_atomically(path, json.dumps(table, indent=1, sort_keys=True))
         return found
@@ -203,17 +211,23 @@ def _remembered(original: Any) -> Any:
 
 
 def _isa_key(isa: Any, code: str) -> str:
-    """What an ISA check's answer depends on: the ISA and its flags, the probe, this CPU's
-    flags, the compiler (its path, size and time) and torch."""
+    """What an ISA check's answer depends on: the ISA and its flags, the probe, and this
+    machine (``_machine``)."""
+    parts = [str(isa), isa.build_arch_flags(), code, *_machine()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def _machine() -> Tuple[str, ...]:
+    """torch, this CPU's flags and the compiler (path, size, time): read once per process,
+    not once per ISA check."""
     import torch
     from torch._inductor import cpp_builder
 
     compiler = cpp_builder.get_cpp_compiler()
     where = shutil.which(compiler) or compiler
     stat = os.stat(where)
-    parts = [str(isa), isa.build_arch_flags(), code, torch.__version__, _cpu_flags(),
-             where, str(stat.st_size), str(stat.st_mtime_ns)]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return (torch.__version__, _cpu_flags(), where, str(stat.st_size), str(stat.st_mtime_ns))
 
 
 def _cpu_flags() -> str:
@@ -228,18 +242,6 @@ def _cpu_flags() -> str:
         pass
     return platform.processor()
 
-
-def _read_json(path: str) -> Dict[str, Any]:
-    try:
-        with open(path) as fh:
-            found = json.load(fh)
-        return found if isinstance(found, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-HEADERS_REF = ("torch/_inductor/codecache.py _HEADER_DIR ('these headers need to be "
-               "global') and CppPythonBindingsCodeCache.load_pybinding_async (torch 2.10-2.15)")
 
 
 def where_now(environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:

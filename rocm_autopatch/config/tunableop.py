@@ -64,8 +64,8 @@ Results = Tuple[List[str], Dict[Tuple[str, str], str]]  # validator lines, (op, 
 def directory(torch: ModuleType, root: str) -> str:
     """Where this torch, Triton, GPU and HIP version keep their TunableOp results."""
     hip = getattr(getattr(torch, "version", None), "hip", None) or "none"
-    return os.path.join(os.path.abspath(os.path.expanduser(root)), caches.key(torch),
-                        "tunableop", f"hip-{hip}".replace(os.sep, "_"))
+    return os.path.join(caches.directory(torch, root), "tunableop",
+                        f"hip-{hip}".replace(os.sep, "_"))
 
 
 def install(torch: ModuleType) -> None:
@@ -153,22 +153,23 @@ def merge(where: str, now: Optional[float] = None) -> int:
     target = os.path.join(where, MERGED)
     with files.directory_lock(where):
         merged = _read(target) or ([], {})
-        stamp = os.path.getmtime(target) if os.path.exists(target) else 0.0
-        runs = sorted(glob.glob(os.path.join(where, RUNS)), key=_mtime)
+        stamp = _mtime(target)
+        times = {path: _mtime(path) for path in glob.glob(os.path.join(where, RUNS))}
+        runs = sorted(times, key=times.__getitem__)
         read = {path: _read(path) for path in runs}
         for path in runs:
             found = read[path]
             if found is None or not found[1]:
                 continue
             if merged[0] and found[0] and found[0] != merged[0]:
-                if _mtime(path) >= stamp:  # another stack ran since: its results count
-                    merged, stamp = found, _mtime(path)
+                if times[path] >= stamp:  # another stack ran since: its results count
+                    merged, stamp = found, times[path]
                 continue
             merged = (merged[0] or found[0], {**found[1], **merged[1]})
         if runs or not os.path.exists(target):
             files.write_atomically(target, _text(merged))
         for index, path in enumerate(reversed(runs)):
-            age, found = now - _mtime(path), read[path]
+            age, found = now - times[path], read[path]
             spent = found is None or (found[0] in ([], merged[0])
                                       and set(found[1]) <= set(merged[1]))
             if index >= KEEP_RUNS or age > RUN_LIFE or (spent and age > SEED_LIFE):

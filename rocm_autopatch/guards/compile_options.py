@@ -98,13 +98,19 @@ def tuning_kept() -> bool:
     return _kept_by_override(ENV_KEEP_TUNING, "inductor.max_autotune")
 
 
-def combo_kept() -> bool:
-    """Combo kernels asked for in code go through: ``perf``, a torch with the known fixes,
-    or ``INDUCTOR_COMBO_KERNELS`` set true (typed and applied by the override applier)."""
+def _combo_allowed(torch: Optional[ModuleType]) -> bool:
+    """Combo kernels asked for in code, without the override: ``perf``, or a torch with
+    the known fixes."""
     from rocm_autopatch import torch_releases
 
     return (record.REPORT.profile == "perf"
-            or torch_releases.version(sys.modules.get("torch")) >= COMBO_FIXED_IN
+            or torch_releases.version(torch) >= COMBO_FIXED_IN)
+
+
+def combo_kept() -> bool:
+    """Combo kernels asked for in code go through: ``_combo_allowed``, or
+    ``INDUCTOR_COMBO_KERNELS`` set true (typed and applied by the override applier)."""
+    return (_combo_allowed(sys.modules.get("torch"))
             or _kept_by_override(ENV_KEEP_COMBO, "inductor.combo_kernels"))
 
 
@@ -230,12 +236,9 @@ def install(torch: ModuleType) -> None:
         if patching.wrap(torch, "compile", guard, like_original=True) is None:
             record.fix("compile_guard", record.SKIPPED, "this torch has no torch.compile")
             return
-        # The tuning override is applied at Inductor's config import, not yet here.
-        from rocm_autopatch import torch_releases
-
+        # The overrides are applied at Inductor's config import, not yet here.
         allowed = Policy(graphs=graphs_allowed(), tuning=record.REPORT.profile == "perf",
-                         combo=record.REPORT.profile == "perf"
-                         or torch_releases.version(torch) >= COMBO_FIXED_IN)
+                         combo=_combo_allowed(torch))
         rewrites = {mode: rewrite({"mode": mode}, allowed) for mode in MODES}
         dropped = (() if allowed.graphs else GRAPH_OPTIONS) + (
             () if allowed.tuning else TUNING_OPTIONS) + (

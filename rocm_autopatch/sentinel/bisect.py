@@ -330,12 +330,7 @@ def _knobs(runner: Runner, env: Dict[str, Any], text: str, found: Dict[str, Any]
 
 
 def _env_json(folder: str) -> Dict[str, Any]:
-    try:
-        with open(os.path.join(folder, "env.json")) as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return files.read_json(os.path.join(folder, "env.json")) or {}
 
 
 def _remember(folder: str, env: Dict[str, Any], result: Dict[str, Any]) -> str:
@@ -364,12 +359,7 @@ def _write(folder: str, result: Dict[str, Any]) -> None:
 
 def read(folder: str) -> Optional[Dict[str, Any]]:
     """A repro directory's bisection result, if one ran."""
-    try:
-        with open(os.path.join(folder, RESULT)) as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+    return files.read_json(os.path.join(folder, RESULT))
 
 
 def lines(result: Dict[str, Any]) -> List[str]:

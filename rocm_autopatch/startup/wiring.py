@@ -135,22 +135,24 @@ def on_convert_frame(module: ModuleType) -> None:
 
 
 
-def on_codecache(module: ModuleType) -> None:
-    """The C++ precompiled headers beside the caches; unset, not even ``caches`` is loaded."""
-    if not decide() or "rocm_autopatch.config.caches" not in sys.modules:
-        return
-    from rocm_autopatch.config import caches
+def _caches() -> Optional[ModuleType]:
+    """``config.caches`` where ``decide`` loaded it (ROCM_AUTOPATCH_CACHE set); else None,
+    and nothing is loaded."""
+    return sys.modules.get("rocm_autopatch.config.caches") if decide() else None
 
-    caches.keep_headers(module)
+
+def on_codecache(module: ModuleType) -> None:
+    """The C++ precompiled headers beside the caches."""
+    caches = _caches()
+    if caches is not None:
+        caches.keep_headers(module)
 
 
 def on_cpu_vec_isa(module: ModuleType) -> None:
-    """The CPU vector-ISA checks remembered beside the caches (unset: nothing loaded)."""
-    if not decide() or "rocm_autopatch.config.caches" not in sys.modules:
-        return
-    from rocm_autopatch.config import caches
-
-    caches.keep_isa_checks(module)
+    """The CPU vector-ISA checks remembered beside the caches."""
+    caches = _caches()
+    if caches is not None:
+        caches.keep_isa_checks(module)
 
 
 def on_compile_fx(module: ModuleType) -> None:
