@@ -1,8 +1,9 @@
 """The sentinel in a decode loop (issue 32): transformers' ``generate`` with a static KV cache,
-an 8-layer Llama in bf16 (random weights, TinyLlama's widths), its forward compiled.
+an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is TinyLlama's
+1.1B configuration), its forward compiled.
 
     python benchmarks/decode_loop.py [--arms speed,bug] [--rounds 2] [--tokens 256]
-                                     [--bug-at 40,200] [--json PATH]
+                                     [--bug-at 40,200] [--layers 8] [--json PATH]
 
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
 ``--rounds`` rounds interleaved (off, check, off, check...), each its own process with its
@@ -10,6 +11,8 @@ own empty Inductor cache, ROCm behaviour forced. Each process generates ``--toke
 tokens three times after one warm-up generation; tokens/s is of those three, and
 ``sentinel_share`` is the sentinel's own measure of its share of the wall time (its sampled
 checks and value reads over the time since the first warm call, all graphs).
+
+``share``: the ``check`` arm alone (the sentinel's share, without the speed comparison).
 
 ``bug``: the same loop under ``check`` with a miscompile that starts at position p (one per
 ``--bug-at``): Inductor's cosine made wrong where its argument passes p, which the rotary
@@ -24,11 +27,11 @@ import argparse
 import json
 import sys
 
-from common import run_arm
+from common import meta, run_arm
 
 CHILD = r"""
 import json, math, sys, time, torch, transformers as t
-tokens, bug_at = int(sys.argv[1]), int(sys.argv[2])
+tokens, bug_at, layers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 if bug_at:
     from torch._inductor import decomposition as d
     def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)
@@ -36,7 +39,7 @@ if bug_at:
     d.decompositions[torch.ops.aten.cos.default] = bad_cos
 torch.manual_seed(0)
 cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=4,
+                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
                     max_position_embeddings=2048)
 with torch.device("cuda"):
     model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
@@ -75,14 +78,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--bug-at", default="40,200")
+    parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--json")
     args = parser.parse_args()
     arms = args.arms.split(",")
     results = []
-    if "speed" in arms:
+    if "speed" in arms or "share" in arms:
+        pairs = (("off", ""), ("check", "check")) if "speed" in arms else (("check", "check"),)
         for r in range(args.rounds):
-            for arm, verify in (("off", ""), ("check", "check")):
-                got = run_arm(CHILD, [str(args.tokens), "0"],
+            for arm, verify in pairs:
+                got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers)],
                               {"ROCM_AUTOPATCH_VERIFY": verify}, timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)
@@ -93,7 +98,7 @@ def main() -> int:
                   f"{sum(on) / len(on) / (sum(off) / len(off)):.4f}")
     if "bug" in arms:
         for p in (int(v) for v in args.bug_at.split(",")):
-            got = run_arm(CHILD, [str(args.tokens), str(p)],
+            got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers)],
                           {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
             found = [g for g in got.get("graphs", []) if g.get("found_at_call")]
             # the decode graph's call k runs position 16 + k - 1 (16 prompt tokens)
@@ -103,7 +108,10 @@ def main() -> int:
             print(f"bug from position {p}: found at position {where} (bound {2 * p})")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"results": results}, fh, indent=1)
+            import torch
+
+            json.dump({**meta(torch, tokens=args.tokens, layers=args.layers),
+                       "results": results}, fh, indent=1)
     return 0
 
 

@@ -270,8 +270,11 @@ def main() -> int:
             or any(o in c["name"] for o in args.only)]
     from concurrent.futures import ThreadPoolExecutor
 
+    results = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(run, todo))
+        for r in pool.map(run, todo):  # each case's line as it comes: a bounded run keeps them
+            results.append(r)
+            print(json.dumps(r, default=str), flush=True)
     healthy = [r for r in results if not r.get("bug") and "error" not in r]
     buggy = [r for r in results if r.get("bug") and "error" not in r]
     for r in results:

@@ -216,20 +216,24 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     made, made64 = pre.make(), pre.make(fp64=True)
     eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
     inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
-    graph.kept = {node: None for op in graph.derived.values() for node in op[1]
-                  if isinstance(node, torch.fx.Node)}
+    kept: Dict[Any, Any] = {}
     with torch.no_grad():
         ref = graph.eager_run(*eager_inputs)
-        ref64 = graph.fp64_run(*inputs64)
-    derived = {i: judge.Derived(op, [graph.kept.get(n, n) if isinstance(n, torch.fx.Node)
+        graph.kept = kept
+        try:
+            ref64 = graph.fp64_run(*inputs64)
+        finally:
+            graph.kept = None
+    derived = {i: judge.Derived(op, [kept.get(n, n) if isinstance(n, torch.fx.Node)
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
-    graph.kept = {}
     outputs = len(numerics.leaves(ref))
     empty = {i: f"uninitialised memory ({op})" for i, op in graph.uninitialised.items()}
-    verdict = judge.compare(numerics.leaves(ref) + [eager_inputs[i] for i in mutated],
-                            numerics.leaves(res) + [flat[i] for i in mutated],
-                            numerics.leaves(ref64) + [inputs64[i] for i in mutated],
+    written = [written_region(pre.before(i), eager_inputs[i], flat[i], inputs64[i])
+               for i in mutated]
+    verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
+                            numerics.leaves(res) + [w[1] for w in written],
+                            numerics.leaves(ref64) + [w[2] for w in written],
                             judge.TOL_FORWARD, derived, skip=empty,
                             allowed=judge.Allowance(*graph.allowed))
     ulps, function = graph.allowed
@@ -240,6 +244,26 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
                       **{k: round(v, 3) if isinstance(v, float) else v
                          for k, v in verdict.stats.items()}})
     return verdict.bad, outputs
+
+
+def written_region(before: Any, eager: Any, compiled: Any, fp64: Any) -> Tuple[Any, Any, Any]:
+    """A written input as the judge sees it: the elements that eager or compiled changed,
+    flattened (the rest is the state before the call in both, and judging it would dilute
+    the statistics: a static KV cache is written one position per decode step, and judging
+    all of it was most of a decode check's time). Where everything or nothing changed, the
+    whole input."""
+    import torch
+
+    if not (isinstance(before, torch.Tensor) and isinstance(eager, torch.Tensor)
+            and isinstance(compiled, torch.Tensor) and isinstance(fp64, torch.Tensor)
+            and before.shape == eager.shape == compiled.shape == fp64.shape
+            and eager.dtype == compiled.dtype == before.dtype):
+        return eager, compiled, fp64
+    changed = ((eager != before) | (compiled != before)).flatten()
+    where = changed.nonzero().squeeze(1)
+    if where.numel() in (0, changed.numel()):
+        return eager, compiled, fp64
+    return tuple(x.flatten()[where] for x in (eager, compiled, fp64))
 
 
 def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

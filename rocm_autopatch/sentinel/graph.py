@@ -31,7 +31,8 @@ class Graph:
         self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
         self.lock = threading.Lock()
         self.analyses: Dict[Any, Any] = {}  # by shape signature
-        self.kept: Dict[Any, Any] = {}  # float64 values of the nodes a judge needs
+        # The float64 values of the nodes a judge needs, kept during a check's forward run.
+        self.kept: Optional[Dict[Any, Any]] = None
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
@@ -94,8 +95,11 @@ class Graph:
     def fp64_run(self) -> Any:
         """The same, as the float64 reference; the float64 values of the nodes in
         ``self.kept`` are kept there (the operands of argmax and comparisons)."""
-        return numerics.bind_state(
-            lambda *xs: reference.run_fp64(self.gm, list(xs), self.kept), self.gm, self.names)
+        import torch
+
+        keep = [n for op in self.derived.values() for n in op[1] if isinstance(n, torch.fx.Node)]
+        run = reference.Fp64Run(self.gm, keep)
+        return numerics.bind_state(lambda *xs: run(list(xs), self.kept), self.gm, self.names)
 
     @functools.cached_property
     def derived(self) -> Dict[int, Any]:

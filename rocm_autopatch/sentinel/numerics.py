@@ -325,7 +325,8 @@ def _meta_dtype(node: Any) -> Optional[torch.dtype]:
 
 
 # Ops whose result is uninitialised memory: an output made by one is not a value to judge.
-_UNINITIALISED = ("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided")
+_UNINITIALISED = ("empty", "empty_like", "empty_permuted", "new_empty", "empty_strided",
+                  "new_empty_strided")
 
 
 def uninitialised_outputs(gm: torch.fx.GraphModule) -> Dict[int, str]:

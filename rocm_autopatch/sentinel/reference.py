@@ -4,11 +4,16 @@ become float64 (as torch's ``cast_dtype_args_to_fp64`` does), and autocast regio
 as they are (autocast never casts float64). The judge measures compiled and eager against
 it; the values of the nodes it is asked to keep (argmax's and comparisons' operands) are
 kept.
+
+The graph is rewritten once into that form (a cast before each floating use), and the
+rewritten code runs as Python, as the graph's own does: an FX interpreter pays tens of
+microseconds of Python per node, which on a GPU was most of a decode step's check. Graphs
+that call modules (``call_module``: their parameters must be cast too) keep the interpreter.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx
@@ -78,11 +83,59 @@ class _Fp64Interpreter(torch.fx.Interpreter):
         return getattr(self, n.op)(target, args, kwargs)
 
 
-def run_fp64(gm: torch.fx.GraphModule, args: List[Any], kept: Optional[Dict[Any, Any]] = None
-             ) -> Any:
-    """``gm`` run in float64; the float64 values of the nodes named in ``kept`` go there."""
-    interpreter = _Fp64Interpreter(gm, kept or ())
-    out = interpreter.run(*args)
-    if kept is not None:
-        kept.update(interpreter.kept)
-    return out
+def _upcast_uses(node: torch.fx.Node) -> bool:
+    return (node.op in ("call_function", "call_method")
+            and "autocast" not in str(node.target))  # autocast's own dtype stays
+
+
+def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]
+               ) -> Optional[torch.fx.GraphModule]:
+    """``gm``'s graph with each floating use cast to float64 (what the interpreter does
+    node by node), returning ``(output, [the kept nodes' values])``; None where it calls
+    modules."""
+    from torch.fx.node import map_aggregate
+
+    if any(n.op == "call_module" for n in gm.graph.nodes):
+        return None
+    graph = torch.fx.Graph()
+    env: Dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
+            graph.output((out, [env[n] for n in keep]))
+        elif _upcast_uses(node):
+            def up(a: Any) -> Any:
+                return graph.call_function(_up, (env[a],)) if isinstance(a, torch.fx.Node) \
+                    else _up(a)
+
+            target = node.target
+            if node.op == "call_method" and target in _LOW_PRECISION_METHODS:
+                target = _LOW_PRECISION_METHODS[target]
+            env[node] = graph.create_node(node.op, target, map_aggregate(node.args, up),
+                                          map_aggregate(node.kwargs, up), name=node.name)
+        else:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(gm, graph)
+
+
+class Fp64Run:
+    """``gm`` run in float64, keeping the float64 values of the nodes in ``keep``."""
+
+    def __init__(self, gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]) -> None:
+        self.gm = gm
+        self.keep = list(dict.fromkeys(keep))
+        self.module = _rewritten(gm, self.keep)
+
+    def __call__(self, args: List[Any], kept: Optional[Dict[Any, Any]]) -> Any:
+        """The float64 output; the kept nodes' values go to ``kept`` (if given)."""
+        if self.module is None:
+            interpreter = _Fp64Interpreter(self.gm, self.keep)
+            out = interpreter.run(*args)
+            values = [interpreter.kept[n] for n in self.keep]
+        else:
+            # The rewritten code runs with ``gm`` as ``self``: what gm holds, and what a
+            # reparametrisation of gm swaps in for the call, is what its ``get_attr``s read.
+            out, values = type(self.module).forward(self.gm, *args)
+        if kept is not None:
+            kept.update(zip(self.keep, values))
+        return out

@@ -67,6 +67,16 @@ class Snapshot:
                     out[i] = copy.as_strided(size, stride, offset)
         return out
 
+    def before(self, i: int) -> Optional[torch.Tensor]:
+        """Input ``i`` as it was before the call (a view of the copy; None if not copied)."""
+        for members, saved, layout in self.groups:
+            if i in members:
+                if layout is None:
+                    return saved
+                size, stride, offset = layout[members.index(i)]
+                return saved.as_strided(size, stride, offset)
+        return None
+
     def restore(self, flat: List[Any]) -> None:
         """Put the state back into the program's own tensors (what a call wrote, undone)."""
         with torch.no_grad():

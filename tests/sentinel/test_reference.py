@@ -1,0 +1,151 @@
+"""The float64 reference as the sentinel runs it (a graph rewritten once, a cast before each
+floating use) against the node-by-node interpreter it replaces, and the written region of
+an input the judge sees (a static KV cache written one position per step)."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import pytest
+
+pytestmark = pytest.mark.fast
+
+
+def _captured(fn: Any, *args: Any) -> Any:
+    """The FX graph Dynamo makes of ``fn`` (what the sentinel's Graph holds)."""
+    torch = pytest.importorskip("torch")
+    found: List[Any] = []
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        found.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return found[0]
+
+
+def _both(gm: Any, keep: List[Any], args: List[Any]) -> Any:
+    """(rewritten run's output and kept values, the interpreter's)."""
+    from rocm_autopatch.sentinel import reference
+
+    run = reference.Fp64Run(gm, keep)
+    assert run.module is not None  # rewritten: no call_module in a Dynamo graph
+    kept_fast: dict = {}
+    fast = run(args, kept_fast)
+    run.module = None  # the interpreter, as before the rewrite
+    kept_slow: dict = {}
+    slow = run(args, kept_slow)
+    return (fast, kept_fast), (slow, kept_slow)
+
+
+def test_the_rewritten_float64_run_is_the_interpreters_bit_for_bit() -> None:
+    """Low-precision methods, dtype arguments, factory calls and argmax's operand: the
+    rewritten graph computes what the interpreter did, in float64, and keeps the same
+    values."""
+    torch = pytest.importorskip("torch")
+
+    def f(x: Any, w: Any) -> Any:
+        h = torch.nn.functional.silu(x @ w).float()
+        bias = torch.ones(h.shape[-1], dtype=torch.bfloat16)
+        scores = (h + bias).to(torch.bfloat16) * 0.5
+        return scores.float().argmax(-1), scores.sum(-1, dtype=torch.float32)
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 16, generator=gen).bfloat16()
+    w = torch.randn(16, 32, generator=gen).bfloat16()
+    gm = _captured(f, x, w)
+    argmax = next(n for n in gm.graph.nodes if "argmax" in str(n.target))
+    (fast, kept_fast), (slow, kept_slow) = _both(gm, [argmax.args[0]], [x, w])
+    assert fast[1].dtype == torch.float64 and slow[1].dtype == torch.float64
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    (value_fast,), (value_slow,) = kept_fast.values(), kept_slow.values()
+    assert value_fast.dtype == torch.float64 and torch.equal(value_fast, value_slow)
+    # and it is float64's answer, not bf16's: bf16 rounds the sums differently
+    assert not torch.equal(fast[1], f(x, w)[1].double())
+
+
+def test_the_rewritten_run_reads_the_state_swapped_into_the_graph() -> None:
+    """Graphs that hold their own parameters (torch 2.4's Dynamo; FX traces) are run with the
+    state a check swaps in (``numerics.bind_state``), not with what the module held."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import numerics, reference
+
+    class Scale(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((4,), 2.0))
+
+        def forward(self, x: Any) -> Any:
+            return x * self.weight
+
+    gm = torch.fx.symbolic_trace(Scale())
+    run = reference.Fp64Run(gm, [])
+    assert run.module is not None
+    names = list(numerics.held(gm))
+    bound = numerics.bind_state(lambda *xs: run(list(xs), None), gm, names)
+    out = bound(torch.ones(4), torch.full((4,), 3.0))
+    assert out.dtype == torch.float64 and torch.equal(out, torch.full((4,), 3.0).double())
+    assert torch.equal(gm.weight.detach(), torch.full((4,), 2.0))  # put back
+
+
+def test_a_graph_that_calls_modules_keeps_the_interpreter() -> None:
+    """``call_module`` nodes need their parameters cast too: the interpreter does that."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import reference
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).bfloat16()
+    gm = torch.fx.symbolic_trace(model)
+    run = reference.Fp64Run(gm, [])
+    assert run.module is None
+    x = torch.randn(2, 8).bfloat16()
+    out = run([x], None)
+    want = x.double() @ model[0].weight.double().t() + model[0].bias.double()
+    assert out.dtype == torch.float64 and torch.allclose(out, want, rtol=0, atol=1e-12)
+
+
+def _cache(rows: int = 64) -> Any:
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(0)
+    return torch.zeros(1, 2, rows, 16, dtype=torch.bfloat16), \
+        torch.randn(1, 2, 1, 16, generator=gen, dtype=torch.float64)
+
+
+def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
+    """A static KV cache written at one position: the judge compares that position (the
+    rest is the state before the call in every run), and a compiled step that writes the
+    wrong position is still caught."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.check import written_region
+
+    before, exact = _cache()
+    eager, compiled, fp64 = before.clone(), before.clone(), before.double()
+    eager[:, :, 5:6] = exact.bfloat16()
+    compiled[:, :, 5:6] = exact.bfloat16()
+    fp64[:, :, 5:6] = exact
+    r, c, f = written_region(before, eager, compiled, fp64)
+    assert r.shape == c.shape == f.shape == (32,)  # 2 heads x 16 at position 5
+    assert torch.equal(f, exact.flatten())
+    assert judge.compare([r], [c], [f], judge.TOL_FORWARD).bad == []
+    wrong = before.clone()
+    wrong[:, :, 6:7] = exact.bfloat16()  # one position late
+    r, c, f = written_region(before, eager, wrong, fp64)
+    assert r.numel() == 64  # both positions
+    (found,) = judge.compare([r], [c], [f], judge.TOL_FORWARD).bad
+    assert found.index == 0
+
+
+def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
+    pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.check import written_region
+
+    before, _ = _cache()
+    same = written_region(before, before.clone(), before.clone(), before.double())
+    assert same[0].shape == before.shape
+    everywhere = before + 1
+    whole = written_region(before, everywhere, everywhere.clone(), everywhere.double())
+    assert whole[1].shape == before.shape
