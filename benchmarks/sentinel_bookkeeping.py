@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rocm_autopatch.sentinel import schedule
+from rocm_autopatch.sentinel import magnitudes, schedule
 
 
 def main() -> int:
@@ -34,8 +34,8 @@ def main() -> int:
     out = {}
     for name, flat in arms.items():
         plan = schedule.Schedule(1, 0.01, [])
-        plan.magnitudes = schedule.Magnitudes(
-            schedule.watched_inputs(flat, len(flat), frozenset()))
+        plan.magnitudes = magnitudes.Magnitudes(
+            magnitudes.watched_inputs(flat, len(flat), frozenset()))
         plan.call_seconds, plan.period = 1.0, 1 << 30
         for _ in range(200):
             plan.due(flat)

@@ -13,7 +13,16 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import alarm, backward, judge, memory, numerics, schedule, snapshot
+from rocm_autopatch.sentinel import (
+    alarm,
+    backward,
+    judge,
+    magnitudes,
+    memory,
+    numerics,
+    schedule,
+    snapshot,
+)
 from rocm_autopatch.sentinel.graph import Graph, busy
 from rocm_autopatch.sentinel.status import FAILED, PASSED, PENDING, SKIPPED
 
@@ -114,9 +123,9 @@ class Check:
 
         plan = self.graph.schedule
         if plan.magnitudes is None:
-            watch = schedule.watched_inputs(self.flat, self.count, self.analysis.mutated)
-            plan.magnitudes = schedule.Magnitudes(watch,
-                                                  schedule.integer_inputs(self.flat, watch))
+            watch = magnitudes.watched_inputs(self.flat, self.count, self.analysis.mutated)
+            plan.magnitudes = magnitudes.Magnitudes(
+                watch, magnitudes.integer_inputs(self.flat, watch))
         need = numerics.reference_bytes(
             self.analysis, snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)

@@ -11,7 +11,7 @@ from typing import Any, List
 import pytest
 import torch
 
-from rocm_autopatch.sentinel import schedule
+from rocm_autopatch.sentinel import magnitudes, schedule
 
 pytestmark = pytest.mark.fast
 
@@ -76,7 +76,7 @@ def test_an_integer_input_is_checked_each_time_it_passes_twice_the_largest_check
     for dtype, expected in ((torch.int64, [3, 7, 15, 31, 63, 127, 255, 511]),
                             (torch.float32, [5, 21, 85, 341])):
         plan = schedule.Schedule(1, 0.0, [])
-        plan.magnitudes = schedule.Magnitudes([0], schedule.integer_inputs(
+        plan.magnitudes = magnitudes.Magnitudes([0], magnitudes.integer_inputs(
             [torch.zeros(1, dtype=dtype)], [0]))
         plan.call_seconds = 1.0  # a slow graph: its magnitudes read every call
         found = []
@@ -101,7 +101,7 @@ def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good
     the stride at most doubles per read, so later reads are measured and bring it back."""
     costs = iter([1e-3] + [1e-6] * 300)
 
-    class Reads(schedule.Magnitudes):
+    class Reads(magnitudes.Magnitudes):
         def measure(self, flat: List[Any]) -> Any:
             clock.now += next(costs)
             return {}
@@ -116,3 +116,31 @@ def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good
         strides.append(plan.stride)
     # 1 ms against 0.25% of 1 ms a call would be a stride of 512; it went 2, then back to 1
     assert max(strides) == 2 and strides[-1] == 1, strides[:10]
+
+
+def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> None:
+    """A decode loop: the position doubles early (checks the values force), each check
+    costs 40 ms beyond a 4 ms call of a 4.4 ms step. The calibrating sampled check is not
+    made where a forced check already measured a warm one, and a sampled check waits while
+    the forced ones have spent more than the budget allows, then comes when the program's
+    time has caught up (issue 32: the sentinel's share at most the budget)."""
+    plan = schedule.Schedule(1, 0.01, [])
+    plan.magnitudes = magnitudes.Magnitudes([0], (0,))
+    plan.call_seconds = 4e-3
+    checks = []
+    for step in range(1, 40001):
+        flat = [torch.tensor([16 + step])]
+        why = plan.due(flat)
+        if why is not None:
+            checks.append((step, why))
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4e-3, 44e-3, [])
+            clock.now += 40e-3
+        clock.now += 4.4e-3
+    forced = [s for s, why in checks if why == schedule.VALUES]
+    sampled = [s for s, why in checks if why == schedule.SAMPLED]
+    assert len(forced) >= 8  # positions 36, 71, 143, ... 9215: about log2(n)
+    assert schedule.CALIBRATE_AFTER + 1 not in sampled  # a values check measured one first
+    # 0.75% of 4.4 ms per step allows a 40 ms check every ~1,212 steps (period 2,048):
+    # the forced checks spent that until past step 10,000; sampled ones come after
+    assert sampled and sampled[0] > 10000 and all(s % 2048 == 0 for s in sampled)
+    assert plan.spent <= 0.01 * 0.75 * 40000 * 4.4e-3 + 2 * 40e-3
