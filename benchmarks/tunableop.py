@@ -4,10 +4,9 @@ ROCM_AUTOPATCH_CACHE, and does the next one start tuned? And what it is worth.
     python benchmarks/tunableop.py [--iters 20] [--arms safe,perf-no-tunableop,...] [--json PATH]
 
 Model: transformers' Llama at TinyLlama's 1.1B configuration (22 layers, random weights,
-bf16): a 1 x 512 prefill compiled with ``torch.compile`` defaults (Inductor hands its GEMMs
-to ATen, where TunableOp picks), then decode (``generate`` with a static cache, its forward
-compiled, 128 new tokens after a 64-token warm-up: tokens/s). Arms, each its own process
-with an empty Inductor cache, ROCm behaviour forced, in this order (``--arms`` picks some):
+bf16), a 1 x 512 prefill compiled with ``torch.compile`` defaults (Inductor hands its GEMMs
+to ATen, where TunableOp picks). Arms, each its own process with an empty Inductor cache,
+ROCm behaviour forced, in this order (``--arms`` picks some):
 
 - ``safe``: the default profile (TunableOp off);
 - ``perf-no-tunableop``: perf with ``PYTORCH_TUNABLEOP_ENABLED=0`` (a user's own variable
@@ -20,8 +19,7 @@ Per arm: the first call's seconds (compile and tuning), the steady state (median
 ``--iters`` calls after 5 warm-ups, CUDA events; where TunableOp is on, again with it
 switched off in the same process, ``torch.cuda.tunable.enable(False)``), torch's own TunableOp state
 (``torch.cuda.tunable``: enabled, the file it reads and writes, the results it holds at the
-end, and whether the warm arm's equal the cold arm's: a GEMM tuned again gets new
-timings) and what the record says; after each perf arm, the directory's files and their result
+end) and what the record says; after each perf arm, the directory's files and their result
 lines (what the next process will read).
 """
 
@@ -69,28 +67,12 @@ with torch.no_grad():
         tunable.enable(False)
         median_off = steady()
         tunable.enable(True)
-    # decode: generate with a static cache, the forward compiled (a GEMV per projection)
-    model.generation_config.cache_implementation = "static"
-    model.generation_config.disable_compile = True
-    model.forward = torch.compile(model.forward)
-    prompt = ids[:, :16]
-    def generate(n):
-        return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              pad_token_id=0)
-    generate(64)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    generate(128)
-    torch.cuda.synchronize()
-    decode = round(128 / (time.perf_counter() - start), 2)
-    results = [list(r) for r in tunable.get_results()]
 import rocm_autopatch
 fix = rocm_autopatch.report().fixes.get("tunableop")
 print(json.dumps({"first_call_s": round(first, 2), "median_ms": median,
                   "median_ms_tunableop_switched_off": median_off if was_on else None,
                   "tunable_enabled": was_on, "filename": tunable.get_filename(),
-                  "results_held": held, "decode_tokens_per_s": decode,
-                  "results": results,
+                  "results_held": held,
                   "record": fix and f"{fix['status']}: {fix['reason']}",
                   "logits_sum": float(logits.float().sum())}))
 """
@@ -124,11 +106,6 @@ def main() -> int:
             got = run_arm(CHILD, [str(args.iters)], env, timeout=900)
             if "ROCM_AUTOPATCH_CACHE" in env:
                 got["files_after"] = _files(cache)
-            cold = next((r for r in results if r["arm"] == "perf-cold"), None)
-            if name == "perf-warm" and cold and "results" in got and "results" in cold:
-                # re-tuned results carry new timings: equal ones were read from the file
-                got["results_same_as_cold"] = {str(r) for r in got["results"]} >= \
-                    {str(r) for r in cold["results"]}
             results.append({"arm": name, **got})
             print(json.dumps(results[-1]), flush=True)
     if args.json:

@@ -151,6 +151,7 @@ class Schedule:
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
+        self.last_read: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.clock: Optional[float] = None  # when the first call after the first ones came
@@ -203,7 +204,7 @@ class Schedule:
             began = time.perf_counter()
             values = self.magnitudes.measure(flat)
             self._costs(time.perf_counter() - began)
-            if self._new_regime(values):
+            if self._new_regime(self._ahead(n, values)):
                 self.values_read_stride = read_every
                 return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
@@ -272,6 +273,22 @@ class Schedule:
         warm ones (the first calls' checks are cold: used only until a warm one ran)."""
         recent = sorted(self.warm[-8:] or self.overheads[-8:])
         return recent[(len(recent) - 1) // 2]
+
+    def _ahead(self, n: int, values: Dict[int, float]) -> Dict[int, float]:
+        """The values read, integers projected to where they will be at the next read.
+        Reads come every few calls, and on a GPU some calls after the values they hold (a
+        decode loop's position read every 16 calls was up to 64 positions old): a position
+        that grows is checked when the next read would show it past twice the largest
+        checked, so that a bug from position p is checked by position 2p."""
+        if not values or self.magnitudes is None:
+            return values
+        last, self.last_read = self.last_read, (n, values)
+        if last is None or n <= last[0]:
+            return values
+        # one gap of growth: where it is now (the read is about a gap old); two: next read
+        return {i: v + 2 * max(v - last[1].get(i, v), 0.0)
+                if i in self.magnitudes.integer and math.isfinite(v) else v
+                for i, v in values.items()}
 
     def _new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
