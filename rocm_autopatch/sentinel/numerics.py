@@ -191,7 +191,7 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True,
                               shape_env=ShapeEnv() if symbolic else None)
-        fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in args]
+        fakes = [_fake(mode, x) if isinstance(x, torch.Tensor) else x for x in args]
         seen.update(storage_of(f) for f in fakes if isinstance(f, torch.Tensor))
         before = [_version(f) for f in fakes]
         with mode, Recorder(), quiet():
@@ -203,6 +203,22 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
         return Analysis(frozenset(), (), f"{type(exc).__name__}: {_first_line(exc)}")
     return Analysis(mutated, tuple(random), "", tuple(effects), _concrete(made[0]),
                     _concrete(made[1]), tuple(talks))
+
+
+def _fake(mode: Any, x: torch.Tensor) -> Any:
+    """``x`` on fake tensors. A one-element CPU tensor (a Python scalar that ``dynamic=True``
+    made an input, read back with ``.item()``) keeps its value: as an unknown it became an
+    unbacked symbol that softshrink's ``lambd`` and addmv's ``beta`` could not be guarded on
+    (``GuardOnDataDependentSymNode``), and their graphs went unchecked."""
+    if x.numel() == 1 and x.device.type == "cpu" and not x.requires_grad:
+        try:
+            # A copy: fake tensor mode runs some ops on a constant for real, and a write
+            # there must not reach the program's tensor (a decode loop's cache position).
+            return mode.fake_tensor_converter.from_real_tensor(mode, x.detach().clone(),
+                                                               make_constant=True)
+        except Exception:  # noqa: BLE001 - an older converter: faked without its value
+            pass
+    return mode.from_tensor(x)
 
 
 def _concrete(size: Any) -> int:

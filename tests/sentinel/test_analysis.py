@@ -114,3 +114,34 @@ def test_outputs_that_are_uninitialised_memory_are_not_compared() -> None:
         "3": "uninitialised memory (empty_permuted)"}
     assert [m.index for m in judge.compare([a, a], [b, a], [a.double()] * 2,
                                            judge.TOL_FORWARD).bad] == [0]
+
+
+def test_a_scalar_input_keeps_its_value_for_the_analysis_and_is_never_written() -> None:
+    """A one-element CPU input (a scalar ``dynamic=True`` made an input, a cache position)
+    is given to the fake run with its value, so ``.item()`` needs no guard on an unknown;
+    the fake run works on a copy of it: run on the program's own tensor, a write there
+    advanced a decode loop's cache position and its next call indexed out of bounds."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import numerics
+
+    captured = []
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        captured.append(gm)
+        return gm.forward
+
+    def step(position, x):  # type: ignore[no-untyped-def]
+        position.add_(1)
+        return torch.nn.functional.softshrink(x, x.new_tensor(0.5).item()) * position
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(step, backend=backend)(torch.tensor([3]), torch.randn(8))
+    finally:
+        torch._dynamo.reset()
+    position = torch.tensor([7])
+    args = [position if tuple(p.meta["example_value"].shape) == (1,) else torch.randn(8)
+            for p in numerics.placeholders(captured[0])]
+    found = numerics.analyse(captured[0], args)
+    assert found.error == "" and args.index(position) in found.mutated
+    assert position.item() == 7  # the program's tensor, untouched

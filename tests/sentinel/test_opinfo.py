@@ -1,8 +1,9 @@
 """The judge on code nobody here wrote (issue 32): a subset of torch's OpInfo database, the
 ops behind issue 32's false alarms and unchecked graphs and their kin (math functions with
 documented rounding, complex outputs, uninitialised outputs, ops that refuse symbolic
-sizes), each float dtype, the first two samples, static and dynamic shapes, through
-``benchmarks/opinfo_corpus.py`` in the venv under test. The whole database is the benchmark
+sizes, scalars that ``dynamic=True`` makes inputs), each float dtype, the first two
+samples, static and dynamic shapes, through ``benchmarks/opinfo_corpus.py`` in the venv
+under test. The whole database is the benchmark
 (BENCHMARKS.md)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from conftest import ROOT, Venv, clean_env
 OPS = ("erf,erfc,erfinv,tanh,exp,log,sigmoid,nn.functional.gelu,softmax,log_softmax,"
        "logsumexp,lgamma,stft,fft.fft,fft.rfft,matrix_exp,empty_like,new_empty,diag,trace,"
        "narrow_copy,split_with_sizes_copy,addbmm,baddbmm,lerp,masked_scatter,argmax,topk,"
-       "sort,cumsum")
+       "sort,cumsum,nn.functional.softshrink,addmv")
 
 
 @pytest.mark.heavy(150)
