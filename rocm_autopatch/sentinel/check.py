@@ -201,7 +201,7 @@ class Check:
                                numerics.leaves(self.res))
         with record.LOCK:
             graph.entry["calls_checked"] += 1
-            graph.entry.update(graph.schedule.coverage())
+            graph.entry.update(schedule.coverage(graph.schedule))
         if bad:
             if grad:
                 graph.note(backward="not checked: the forward pass already differs")
@@ -304,7 +304,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             why = None
         graph.entry["calls"] = plan.calls
         if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
-            graph.note(**plan.coverage())
+            graph.note(**schedule.coverage(plan))
         if why is None:
             res = graph.compiled(*args)
             if plan.dynamic and large_output_is_new(graph, res):

@@ -36,7 +36,7 @@ class Graph:
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
-        self.entry = graph_record.new(graph_id, where, **self.schedule.coverage())
+        self.entry = graph_record.new(graph_id, where, **schedule.coverage(self.schedule))
         with record.LOCK:
             found = graph_record.section()
             found["graphs"].append(self.entry)

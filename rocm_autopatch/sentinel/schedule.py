@@ -331,24 +331,25 @@ class Schedule:
             share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
             self.period = _power_of_two(self.overhead() / (share * pace))
 
-    def coverage(self) -> Dict[str, Any]:
-        """What the checks covered, for the report (one graph)."""
-        largest = max(self.checked_max.values(), default=None)
-        return {
-            "calls": self.calls,
-            "checked_because": dict(self.because),
-            "shapes": {"dynamic": bool(self.dynamic),
-                       "seen": self.shapes_seen if self.dynamic else min(self.calls, 1),
-                       "checked": len(self.checked_shapes) if self.dynamic
-                       else min(self.checks, 1)},
-            "values": {"largest_checked": largest,
-                       "non_finite_checked": bool(self.checked_non_finite),
-                       "inputs_followed": len(self.magnitudes.watch) if self.magnitudes
-                       else 0,
-                       "stopped": self.magnitudes.stopped if self.magnitudes else ""},
-            "period": self.period, "budget": self.budget, "values_stride": self.stride,
-            "sampled_calls": list(self.sampled_calls),
-            "budget_spent": _share_since(self.spent, self.clock),  # of the wall time
-            "checks_skipped": self.skipped,
-            "large_output_checked": self.large_output_checked,
-        }
+
+def coverage(plan: Schedule) -> Dict[str, Any]:
+    """What ``plan``'s checks covered, for the report (one graph)."""
+    largest = max(plan.checked_max.values(), default=None)
+    return {
+        "calls": plan.calls,
+        "checked_because": dict(plan.because),
+        "shapes": {"dynamic": bool(plan.dynamic),
+                   "seen": plan.shapes_seen if plan.dynamic else min(plan.calls, 1),
+                   "checked": len(plan.checked_shapes) if plan.dynamic
+                   else min(plan.checks, 1)},
+        "values": {"largest_checked": largest,
+                   "non_finite_checked": bool(plan.checked_non_finite),
+                   "inputs_followed": len(plan.magnitudes.watch) if plan.magnitudes
+                   else 0,
+                   "stopped": plan.magnitudes.stopped if plan.magnitudes else ""},
+        "period": plan.period, "budget": plan.budget, "values_stride": plan.stride,
+        "sampled_calls": list(plan.sampled_calls),
+        "budget_spent": _share_since(plan.spent, plan.clock),  # of the wall time
+        "checks_skipped": plan.skipped,
+        "large_output_checked": plan.large_output_checked,
+    }
