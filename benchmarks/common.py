@@ -22,6 +22,20 @@ model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
 """
 
 
+# TinyLlama's 1.1B configuration (22 layers, width 2048, 32 heads, 4 KV heads, MLP 5632,
+# vocabulary 32000), random weights, bf16, on the GPU, as child code: defines t
+# (transformers), cfg, model and ids (a 1 x 512 prompt).
+LLAMA_1B = """
+import torch, transformers as t
+torch.manual_seed(0)
+cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                    num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
+with torch.device("cuda"):
+    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+ids = torch.randint(0, 32000, (1, 512), device="cuda")
+"""
+
+
 def child_env(**arm: str) -> Dict[str, str]:
     """This environment without any variable that would change torch or us, plus ``arm``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(OURS)}

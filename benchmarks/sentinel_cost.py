@@ -17,17 +17,11 @@ import argparse
 import json
 import sys
 
-from common import run_arm
+from common import LLAMA_1B, run_arm
 
-CHILD = r"""
-import json, statistics, sys, time, torch, transformers as t
+CHILD = LLAMA_1B + r"""
+import json, statistics, sys, time
 iters = int(sys.argv[1])
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
-with torch.device("cuda"):
-    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-ids = torch.randint(0, 32000, (1, 512), device="cuda")
 torch.cuda.synchronize()
 base = torch.cuda.memory_allocated()
 torch.cuda.reset_peak_memory_stats()

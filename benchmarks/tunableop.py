@@ -32,17 +32,11 @@ import os
 import sys
 import tempfile
 
-from common import meta, run_arm
+from common import LLAMA_1B, meta, run_arm
 
-CHILD = r"""
-import json, statistics, sys, time, torch, transformers as t
+CHILD = LLAMA_1B + r"""
+import json, statistics, sys, time
 iters = int(sys.argv[1])
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
-with torch.device("cuda"):
-    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-ids = torch.randint(0, 32000, (1, 512), device="cuda")
 fn = torch.compile(model)
 with torch.no_grad():
     torch.cuda.synchronize()
