@@ -152,6 +152,7 @@ class Schedule:
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
         self.last_read: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
+        self.last_forced = 0  # the last call a new shape or new values had checked
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.clock: Optional[float] = None  # when the first call after the first ones came
@@ -212,16 +213,12 @@ class Schedule:
             # ran): the first calls' include one-time costs (kernels loaded, caches
             # filled) that would make the period far too long.
             return self._sample(n, n)
-        if self.period and n % self.period == 0 and self.within_budget():
+        if self.period and n % self.period == 0 and self.last_forced <= n - self.period:
+            # A check the values or a shape forced within this period stands in for its
+            # sampled one: the budget allows one check per period (decided by call numbers,
+            # as the period's own calls are, never by the clock)
             return self._sample(n, self.period)
         return None
-
-    def within_budget(self) -> bool:
-        """Have the checks past the first calls kept within this graph's share so far? A
-        sampled check waits while checks the program's values forced (a position that
-        doubled, a new shape) have spent more."""
-        allowed = self._allowed()
-        return allowed is None or self.spent <= allowed
 
     def _allowed(self) -> Optional[float]:
         """The seconds of checks this graph's share of the program's time since its first
@@ -322,6 +319,8 @@ class Schedule:
             self.call_seconds = min(self.call_seconds or call_seconds, call_seconds)
         overhead = max(check_seconds - call_seconds, 0.0)
         self.overheads = (self.overheads + [overhead])[-8:]
+        if why in (SHAPE, VALUES):
+            self.last_forced = self.calls
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
