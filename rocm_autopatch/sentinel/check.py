@@ -228,11 +228,7 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     kept: Dict[Any, Any] = {}
     with torch.no_grad():
         ref = graph.eager_run(*eager_inputs)
-        graph.kept = kept
-        try:
-            ref64 = graph.fp64_run(*inputs64)
-        finally:
-            graph.kept = None
+        ref64 = graph.fp64_run(*inputs64, kept=kept)
     derived = {i: judge.Derived(op, [kept.get(n, n) if isinstance(n, torch.fx.Node)
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}

@@ -31,8 +31,6 @@ class Graph:
         self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
         self.lock = threading.Lock()
         self.analyses: Dict[Any, Any] = {}  # by shape signature
-        # The float64 values of the nodes a judge needs, kept during a check's forward run.
-        self.kept: Optional[Dict[Any, Any]] = None
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
@@ -92,14 +90,18 @@ class Graph:
         return numerics.bind_state(self.gm, self.gm, self.names)
 
     @functools.cached_property
-    def fp64_run(self) -> Any:
-        """The same, as the float64 reference; the float64 values of the nodes in
-        ``self.kept`` are kept there (the operands of argmax and comparisons)."""
+    def _fp64(self) -> reference.Fp64Run:
         import torch
 
         keep = [n for op in self.derived.values() for n in op[1] if isinstance(n, torch.fx.Node)]
-        run = reference.Fp64Run(self.gm, keep)
-        return numerics.bind_state(lambda *xs: run(list(xs), self.kept), self.gm, self.names)
+        return reference.Fp64Run(self.gm, keep)
+
+    def fp64_run(self, *inputs: Any, kept: Optional[Dict[Any, Any]] = None) -> Any:
+        """The same, as the float64 reference; the float64 values of the nodes a judge needs
+        (the operands of argmax and comparisons) go to ``kept`` where it is given."""
+        run = self._fp64
+        return numerics.bind_state(lambda *xs: run(list(xs), kept), self.gm,
+                                   self.names)(*inputs)
 
     @functools.cached_property
     def derived(self) -> Dict[int, Any]:

@@ -190,7 +190,8 @@ def _all_errors(values: List[_Value]) -> Dict[int, _Errors]:
         groups.setdefault(key, []).append(v)
     found: Dict[int, _Errors] = {}
     for group in groups.values():
-        rows = [torch.stack([x.reshape(-1) for x in xs]).double()
+        rows = [(torch.stack([x.reshape(-1) for x in xs]) if len(xs) > 1
+                 else xs[0].reshape(1, -1)).double()  # one alone: a view, not a copy
                 for xs in ([v.truth() for v in group], [v.c for v in group],
                            [v.r for v in group])]
         for v, e in zip(group, _errors(*rows, torch.finfo(group[0].c.dtype))):

@@ -50,6 +50,13 @@ def _map(fn: Callable[[Any], Any], value: Any) -> Any:
     return tree_map(fn, value)
 
 
+def _upcast_uses(node: torch.fx.Node) -> bool:
+    """Are ``node``'s floating inputs cast to float64 for it? Calls are, except autocast's
+    own (autocast skips float64, so its dtype stays)."""
+    return (node.op in ("call_function", "call_method", "call_module")
+            and "autocast" not in str(node.target))
+
+
 class _Fp64Interpreter(torch.fx.Interpreter):
     """Runs a graph in float64, upcasting each node's inputs for that node only; keeps the
     float64 values of the nodes in ``keep`` (what the judge needs)."""
@@ -70,7 +77,7 @@ class _Fp64Interpreter(torch.fx.Interpreter):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         target = n.target
-        if "autocast" not in str(target):  # autocast's own dtype stays: it skips float64
+        if _upcast_uses(n):
             args, kwargs = _map(_up, args), _map(_up, kwargs)
         if n.op == "call_method" and target in _LOW_PRECISION_METHODS:
             target = _LOW_PRECISION_METHODS[target]
@@ -81,11 +88,6 @@ class _Fp64Interpreter(torch.fx.Interpreter):
             state = {k: _up(v) for k, v in module.state_dict(keep_vars=True).items()}
             return functional_call(module, state, tuple(args), kwargs)
         return getattr(self, n.op)(target, args, kwargs)
-
-
-def _upcast_uses(node: torch.fx.Node) -> bool:
-    return (node.op in ("call_function", "call_method")
-            and "autocast" not in str(node.target))  # autocast's own dtype stays
 
 
 def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]

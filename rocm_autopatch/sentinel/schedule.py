@@ -220,15 +220,6 @@ class Schedule:
             return self._sample(n, self.period)
         return None
 
-    def _allowed(self) -> Optional[float]:
-        """The seconds of checks this graph's share of the program's time since its first
-        calls allows (None before the pace is known)."""
-        pace = self.pace()
-        if pace is None:
-            return None
-        share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
-        return share * max(self.calls - self.first, 1) * pace
-
     def _sample(self, n: int, period: int) -> str:
         self.sampled_calls = (self.sampled_calls + [n])[-8:]
         self.sampled_period = period
@@ -261,9 +252,12 @@ class Schedule:
     def affordable(self) -> bool:
         """Would one more check past the shape cap keep the checks beyond the first calls
         within the budget's share of the program's time since them?"""
-        allowed = self._allowed()
-        return (self.budget > 0 and allowed is not None and bool(self.overheads)
-                and self.spent + self.overhead() <= allowed)
+        pace = self.pace()
+        if self.budget <= 0 or pace is None or not self.overheads:
+            return False
+        warm = max(self.calls - self.first, 1)
+        share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
+        return self.spent + self.overhead() <= share * warm * pace
 
     def overhead(self) -> float:
         """What a check costs beyond its compiled call: the lower median of the last eight
@@ -274,7 +268,7 @@ class Schedule:
     def _ahead(self, n: int, values: Dict[int, float]) -> Dict[int, float]:
         """The values read, integers projected to where they will be at the next read.
         Reads come every few calls, and on a GPU some calls after the values they hold (a
-        decode loop's position read every 16 calls was up to 64 positions old): a position
+        decode loop's position on an H200 came up to 80 positions late): a position
         that grows is checked when the next read would show it past twice the largest
         checked, so that a bug from position p is checked by position 2p."""
         if not values or self.magnitudes is None:
