@@ -1,12 +1,17 @@
 """TunableOp under the perf profile (issue 33): does a process tune, write its results under
 ROCM_AUTOPATCH_CACHE, and does the next one start tuned? And what it is worth.
 
-    python benchmarks/tunableop.py [--iters 20] [--arms safe,perf-no-tunableop,...] [--json PATH]
+    python benchmarks/tunableop.py [--phase prefill|decode] [--iters 20] [--tokens 256]
+                                   [--arms safe,perf-no-tunableop,...] [--json PATH]
 
 Model: transformers' Llama at TinyLlama's 1.1B configuration (22 layers, random weights,
-bf16), a 1 x 512 prefill compiled with ``torch.compile`` defaults (Inductor hands its GEMMs
-to ATen, where TunableOp picks). Arms, each its own process with an empty Inductor cache,
-ROCm behaviour forced, in this order (``--arms`` picks some):
+bf16), compiled with ``torch.compile`` defaults (Inductor hands its GEMMs to ATen, where
+TunableOp picks). ``--phase prefill``: a 1 x 512 forward, ``fn = torch.compile(model)``.
+``--phase decode``: greedy ``generate`` of ``--tokens`` new tokens after a 16-token prompt,
+static KV cache, ``model.forward`` compiled once as a user would (transformers' own compile
+switched off, so the model is compiled once, not twice); its GEMMs are 1-row.
+Arms, each its own process with an empty Inductor cache, ROCm behaviour forced, in this
+order (``--arms`` picks some):
 
 - ``safe``: the default profile (TunableOp off);
 - ``perf-no-tunableop``: perf with ``PYTORCH_TUNABLEOP_ENABLED=0`` (a user's own variable
@@ -15,8 +20,9 @@ ROCm behaviour forced, in this order (``--arms`` picks some):
   TunableOp on, every GEMM shape tuned in this process, written at its exit;
 - ``perf-warm``: the same directory: merged at start, read by torch at its first GEMM.
 
-Per arm: the first call's seconds (compile and tuning), the steady state (median of
-``--iters`` calls after 5 warm-ups, CUDA events; where TunableOp is on, again with it
+Per arm: the first call's seconds (compile and tuning; decode: the first ``generate``), the
+steady state (prefill: median of ``--iters`` calls after 5 warm-ups, CUDA events; decode:
+tokens/s over three ``generate`` calls after the first; where TunableOp is on, again with it
 switched off in the same process, ``torch.cuda.tunable.enable(False)``), torch's own TunableOp state
 (``torch.cuda.tunable``: enabled, the file it reads and writes, the results it holds at the
 end) and what the record says; after each perf arm, the directory's files and their result
@@ -34,8 +40,7 @@ import tempfile
 
 from common import LLAMA_1B, meta, run_arm
 
-CHILD = LLAMA_1B + r"""
-import json, statistics, sys, time
+PREFILL = r"""
 iters = int(sys.argv[1])
 fn = torch.compile(model)
 with torch.no_grad():
@@ -61,15 +66,58 @@ with torch.no_grad():
         tunable.enable(False)
         median_off = steady()
         tunable.enable(True)
+out = {"first_call_s": round(first, 2), "median_ms": median,
+       "median_ms_tunableop_switched_off": median_off if was_on else None,
+       "logits_sum": float(logits.float().sum())}
+"""
+
+DECODE = r"""
+tokens = int(sys.argv[2])
+model.generation_config.cache_implementation = "static"
+model.generation_config.disable_compile = True  # compiled once, below, as a user would
+model.forward = torch.compile(model.forward)
+prompt = ids[:, :16]
+def generate():
+    return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens,
+                          do_sample=False, pad_token_id=0)
+with torch.no_grad():
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    text = generate()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    def steady():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(3):
+            generate()
+        torch.cuda.synchronize()
+        return round(3 * tokens / (time.perf_counter() - start), 2)
+    tps = steady()
+    tunable = torch.cuda.tunable
+    was_on, held = tunable.is_enabled(), len(tunable.get_results())
+    if was_on:
+        tunable.enable(False)
+        tps_off = steady()
+        tunable.enable(True)
+out = {"first_call_s": round(first, 2), "tokens_per_s": tps,
+       "tokens_per_s_tunableop_switched_off": tps_off if was_on else None,
+       "tokens": text[0, 16:32].tolist()}
+"""
+
+RESULT = r"""
 import rocm_autopatch
 fix = rocm_autopatch.report().fixes.get("tunableop")
-print(json.dumps({"first_call_s": round(first, 2), "median_ms": median,
-                  "median_ms_tunableop_switched_off": median_off if was_on else None,
-                  "tunable_enabled": was_on, "filename": tunable.get_filename(),
+print(json.dumps({**out, "tunable_enabled": was_on, "filename": tunable.get_filename(),
                   "results_held": held,
-                  "record": fix and f"{fix['status']}: {fix['reason']}",
-                  "logits_sum": float(logits.float().sum())}))
+                  "record": fix and f"{fix['status']}: {fix['reason']}"}))
 """
+
+
+def child(phase: str) -> str:
+    """The child's code for ``phase``: the model, the phase's calls, the result line."""
+    return (LLAMA_1B + "import json, statistics, sys, time\n"
+            + (PREFILL if phase == "prefill" else DECODE) + RESULT)
 
 
 def _files(where: str) -> dict:
@@ -84,7 +132,9 @@ def _files(where: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--phase", choices=("prefill", "decode"), default="prefill")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--arms", default="safe,perf-no-tunableop,perf-cold,perf-warm")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -97,7 +147,8 @@ def main() -> int:
                 ("perf-cold", {"ROCM_AUTOPATCH_PROFILE": "perf", "ROCM_AUTOPATCH_CACHE": cache}),
                 ("perf-warm", {"ROCM_AUTOPATCH_PROFILE": "perf", "ROCM_AUTOPATCH_CACHE": cache})]
         for name, env in [a for a in arms if a[0] in args.arms.split(",")]:
-            got = run_arm(CHILD, [str(args.iters)], env, timeout=900)
+            got = run_arm(child(args.phase), [str(args.iters), str(args.tokens)], env,
+                          timeout=900)
             if "ROCM_AUTOPATCH_CACHE" in env:
                 got["files_after"] = _files(cache)
             results.append({"arm": name, **got})
@@ -106,7 +157,7 @@ def main() -> int:
         import torch
 
         with open(args.json, "w") as fh:
-            json.dump({**meta(torch), "results": results}, fh, indent=1)
+            json.dump({**meta(torch, phase=args.phase), "results": results}, fh, indent=1)
     return 0
 
 

@@ -81,8 +81,32 @@ if mega.startswith("save:"):
 from torch._dynamo.utils import compilation_time_metrics, counters
 # Where the first call's seconds went, as torch's dynamo_timed phases record them
 phases = {k: round(sum(v), 3) for k, v in compilation_time_metrics.items() if sum(v) >= 0.05}
+def tuners():
+    # Inductor's Triton autotuners in this process: their autotune-cache state as torch
+    # recorded it, and how many ended on a config marked as found by coordinate descent
+    import collections, gc
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return None
+    found = []
+    for o in gc.get_objects():
+        try:
+            if isinstance(o, CachingAutotuner):
+                found.append(o)
+        except ReferenceError:  # a weak proxy whose object is gone
+            pass
+    states = collections.Counter(
+        str((getattr(o, "autotune_cache_info", None) or {}).get("autotune_cache_state"))
+        for o in found)
+    marked = sum(bool(o.launchers) and bool(getattr(o.launchers[0].config,
+                                                    "found_by_coordesc", False))
+                 for o in found)
+    return {"autotuners": len(found), "cache_states": dict(states),
+            "ended_found_by_coordesc": marked,
+            "coordesc_benchmarks": counters["inductor"]["coordesc_tuning_bench"]}
 print(json.dumps({"first_call_s": round(first, 2), "out_sum": float(out.double().sum()),
-                  "phases": phases,
+                  "phases": phases, "triton_autotuners": tuners(),
                   "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],

@@ -9,7 +9,9 @@ attribute (a second activation path, a reload) finds the mark and changes nothin
 can patch and restore inside one process. Each attribute has one owner module:
 ``torch.compile`` the compile guard, ``torch._dynamo.convert_frame._compile`` the
 compile-frame hook, ``torch._inductor.compile_fx.compile_fx`` the numerics sentinel,
-``CUDAGraph.capture_end`` the capture policy.
+``CUDAGraph.capture_end`` the capture policy, ``VecISA.check_build`` the caches,
+``CachingAutotuner.coordinate_descent_tuning`` the coordinate-descent reuse,
+``torch._inductor.compile_fx._compile_fx_inner`` the ranks' compile-once lock.
 
 ``swapped(owner, name, value)`` is the temporary twin: ``owner.name`` (or ``owner[name]``, a
 mapping's item such as an environment variable) is ``value`` inside a ``with`` block and

@@ -209,7 +209,9 @@ VARIABLES: Tuple[Variable, ...] = (
              "this process's rank on its host", "as RANK, where RANK is unset",
              "It is not used."),
     Variable(WORLD_SIZE, _rank, "a non-negative integer", None,
-             "how many ranks the job has", "the compile report", "It is not used."),
+             "how many ranks the job has", "the compile report; above 1, each graph "
+             "compiled once by the ranks of a machine (`config.compile_once`)",
+             "It is not used."),
     Variable(TORCH_AUTOLOAD, _text, "`1` (torch's default) or anything else", "1",
              "torch's backend autoload (torch >= 2.5): rocm-autopatch's second start-up "
              "path", "`import torch`"),

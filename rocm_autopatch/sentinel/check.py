@@ -234,8 +234,8 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
     outputs = len(numerics.leaves(ref))
     empty = {i: f"uninitialised memory ({op})" for i, op in graph.uninitialised.items()}
-    written = [written_region(pre.before(i), eager_inputs[i], flat[i], inputs64[i])
-               for i in mutated]
+    written = written_regions([(pre.before(i), eager_inputs[i], flat[i], inputs64[i])
+                               for i in mutated])
     verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
                             numerics.leaves(res) + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
@@ -251,24 +251,45 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     return verdict.bad, outputs
 
 
-def written_region(before: Any, eager: Any, compiled: Any, fp64: Any) -> Tuple[Any, Any, Any]:
-    """A written input as the judge sees it: the elements that eager or compiled changed,
+Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled, float64
+
+
+def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
+    """Written inputs as the judge sees them: the elements that eager or compiled changed,
     flattened (the rest is the state before the call in both, and judging it would dilute
     the statistics: a static KV cache is written one position per decode step, and judging
-    all of it was most of a decode check's time). Where everything or nothing changed, the
-    whole input."""
+    all of it was most of a decode check's time). Inputs of one shape and dtype are judged
+    at the elements any of them changed, found with one synchronisation (a decode step's
+    16 caches, written at the same position: one, not 16). Where everything or nothing
+    changed, the whole inputs."""
+    found: List[Any] = [None] * len(items)
+    groups: Dict[Any, List[int]] = {}
+    for k, item in enumerate(items):
+        if _comparable(*item):
+            groups.setdefault((item[0].shape, item[0].dtype, item[0].device), []).append(k)
+        else:
+            found[k] = item[1:]
+    for ks in groups.values():
+        changed = None
+        for k in ks:
+            before, eager, compiled, _ = items[k]
+            mask = ((eager != before) | (compiled != before)).flatten()
+            changed = mask if changed is None else changed | mask
+        where = changed.nonzero().squeeze(1)
+        whole = where.numel() in (0, changed.numel())
+        for k in ks:
+            found[k] = items[k][1:] if whole else tuple(x.flatten()[where]
+                                                        for x in items[k][1:])
+    return found
+
+
+def _comparable(before: Any, eager: Any, compiled: Any, fp64: Any) -> bool:
     import torch
 
-    if not (isinstance(before, torch.Tensor) and isinstance(eager, torch.Tensor)
+    return (isinstance(before, torch.Tensor) and isinstance(eager, torch.Tensor)
             and isinstance(compiled, torch.Tensor) and isinstance(fp64, torch.Tensor)
             and before.shape == eager.shape == compiled.shape == fp64.shape
-            and eager.dtype == compiled.dtype == before.dtype):
-        return eager, compiled, fp64
-    changed = ((eager != before) | (compiled != before)).flatten()
-    where = changed.nonzero().squeeze(1)
-    if where.numel() in (0, changed.numel()):
-        return eager, compiled, fp64
-    return tuple(x.flatten()[where] for x in (eager, compiled, fp64))
+            and eager.dtype == compiled.dtype == before.dtype)
 
 
 def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

@@ -33,6 +33,9 @@ class Magnitudes:
         self.host: Any = None  # pinned: the last copy queued
         self.event: Any = None
         self.reading: Tuple[int, ...] = ()  # the inputs of the copy in flight
+        self.reading_from = 0  # the call the copy in flight was queued at
+        self.ready_from = 0  # the call whose values ``measure`` returned last (a maximum
+        # over the calls folded since the copy before: a growing value's at that call)
 
     def now(self, flat: List[Any]) -> Dict[int, float]:
         """This call's values, waiting for them (a call that is checked synchronises)."""
@@ -42,12 +45,13 @@ class Magnitudes:
         except Exception as exc:  # noqa: BLE001 - as in measure
             return self._stop(exc)
 
-    def measure(self, flat: List[Any]) -> Dict[int, float]:
-        """Values that are ready: this call's on the CPU, earlier calls' on a GPU. A
-        failure (an input that changed device, an op this build lacks) stops following
-        values for this graph, and never reaches the program."""
+    def measure(self, flat: List[Any], call: int = 0) -> Dict[int, float]:
+        """Values that are ready: this call's on the CPU, earlier calls' on a GPU
+        (``ready_from`` says which call's, ``call`` numbering this one). A failure (an
+        input that changed device, an op this build lacks) stops following values for
+        this graph, and never reaches the program."""
         try:
-            return self._measure(flat)
+            return self._measure(flat, call)
         except Exception as exc:  # noqa: BLE001
             return self._stop(exc)
 
@@ -56,17 +60,18 @@ class Magnitudes:
         self.stopped = f"{type(exc).__name__}: {str(exc).strip()[:160]}"
         return {}
 
-    def _measure(self, flat: List[Any]) -> Dict[int, float]:
+    def _measure(self, flat: List[Any], call: int) -> Dict[int, float]:
         tensors, indices = self._chosen(flat)
         if not tensors:
             return {}
         if tensors[0].device.type != "cuda":
+            self.ready_from = call
             return dict(zip(indices, _read_now(tensors)))
         values = _reduce(tensors)
         ready: Dict[int, float] = {}
         if self.reading and self.event.query():
             ready = dict(zip(self.reading, self.host.tolist()))
-            self.reading = ()
+            self.reading, self.ready_from = (), self.reading_from
         if self.running is None or self.running.shape != values.shape:
             self.running, self.folded = values, 0
         else:
@@ -78,7 +83,7 @@ class Magnitudes:
                 self.event = torch.cuda.Event()
             self.host.copy_(self.running, non_blocking=True)
             self.event.record()
-            self.reading, self.running = tuple(indices), None
+            self.reading, self.running, self.reading_from = tuple(indices), None, call
         return ready
 
     def _chosen(self, flat: List[Any]) -> Tuple[List[Any], List[int]]:

@@ -17,7 +17,11 @@ watched for the whole run:
   positions and cache indices, or non-finite where no checked call had any) is checked.
   Magnitudes come from one reduction queued with the call (every ``stride``-th call,
   ``stride`` keeping its cost within a quarter of the budget), read when the device has it
-  (some calls later on a GPU; never a synchronisation);
+  (some calls later on a GPU; never a synchronisation). An integer that grows steadily (a
+  decode loop's position) is predicted: the call at which it will pass twice the largest
+  checked is computed from its last reads, and that call's values are read at once (one
+  synchronisation per predicted crossing), so a bug from position p is checked by 2p
+  however late the reads come;
 - every ``period``-th call is checked, ``period`` keeping the sampled checks within the
   rest of the budget. ``period`` is a power of two made from the costs measured at warm
   checks (one is made ``CALIBRATE_AFTER`` calls after the first ones); calls are chosen by
@@ -151,7 +155,11 @@ class Schedule:
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
-        self.last_read: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
+        # integers that grow steadily: the last read (the call its values are from, the
+        # values), their growth per call, and the call predicted to pass INTEGER_FACTOR x
+        self.last_read: Optional[Tuple[int, Dict[int, float]]] = None
+        self.rates: Dict[int, float] = {}
+        self.crossing: Optional[int] = None
         self.last_forced = 0  # the last call a new shape or new values had checked
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
@@ -203,11 +211,15 @@ class Schedule:
         if self.magnitudes is not None and n % self.stride == 0:
             read_every = self.stride  # _costs may change it: the stride this read kept
             began = time.perf_counter()
-            values = self.magnitudes.measure(flat)
+            values = self.magnitudes.measure(flat, n)
             self._costs(time.perf_counter() - began)
-            if self._new_regime(self._ahead(n, values)):
+            self._predict(self.magnitudes.ready_from, values)
+            if self._new_regime(values):
                 self.values_read_stride = read_every
                 return VALUES
+        if self.crossing is not None and n >= self.crossing and self._crossed(n, flat):
+            self.values_read_stride = 1
+            return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
             # One early sampled check measures a warm check and a warm call (unless one
             # ran): the first calls' include one-time costs (kernels loaded, caches
@@ -265,21 +277,43 @@ class Schedule:
         recent = sorted(self.warm[-8:] or self.overheads[-8:])
         return recent[(len(recent) - 1) // 2]
 
-    def _ahead(self, n: int, values: Dict[int, float]) -> Dict[int, float]:
-        """The values read, integers projected to where they will be at the next read.
-        Reads come every few calls, and on a GPU some calls after the values they hold (a
-        decode loop's position on an H200 came up to 80 positions late): a position
-        that grows is checked when the next read would show it past twice the largest
-        checked, so that a bug from position p is checked by position 2p."""
+    def _predict(self, at: int, values: Dict[int, float]) -> None:
+        """From two reads of values (``at``: the call they are from), the call at which each
+        steadily growing integer will pass ``INTEGER_FACTOR`` times its largest checked.
+        An integer that did not grow since the last read (a loop that restarted, a token
+        id) predicts nothing."""
         if not values or self.magnitudes is None:
-            return values
-        last, self.last_read = self.last_read, (n, values)
-        if last is None or n <= last[0]:
-            return values
-        # one gap of growth: where it is now (the read is about a gap old); two: next read
-        return {i: v + 2 * max(v - last[1].get(i, v), 0.0)
-                if i in self.magnitudes.integer and math.isfinite(v) else v
-                for i, v in values.items()}
+            return
+        last, self.last_read = self.last_read, (at, values)
+        if last is None or at <= last[0]:
+            return
+        self.rates, self.crossing = {}, None
+        for i in self.magnitudes.integer:
+            now, before = values.get(i, math.nan), last[1].get(i, math.nan)
+            if math.isfinite(now) and math.isfinite(before) and now > before:
+                self.rates[i] = (now - before) / (at - last[0])
+        self._next_crossing(at, values)
+
+    def _next_crossing(self, at: int, values: Dict[int, float]) -> None:
+        for i, rate in self.rates.items():
+            target = INTEGER_FACTOR * self.checked_max.get(i, 0.0)
+            if values.get(i, math.inf) <= target:
+                call = at + math.floor((target - values[i]) / rate) + 1
+                self.crossing = min(self.crossing or call, call)
+
+    def _crossed(self, n: int, flat: List[Any]) -> bool:
+        """At a predicted crossing: this call's values, read at once. Past: check it. Not
+        yet (the growth slowed): predict again from them."""
+        began = time.perf_counter()
+        values = self.magnitudes.now(flat) if self.magnitudes is not None else {}
+        LEDGER.spent += time.perf_counter() - began
+        self.crossing = None
+        if self._new_regime(values):
+            return True
+        last = self.last_read[1] if self.last_read else {}
+        if all(values.get(i, -math.inf) >= last.get(i, math.inf) for i in self.rates):
+            self._next_crossing(n, values)
+        return False
 
     def _new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
@@ -315,6 +349,9 @@ class Schedule:
         self.overheads = (self.overheads + [overhead])[-8:]
         if why in (SHAPE, VALUES):
             self.last_forced = self.calls
+        if self.rates:  # the largest checked moved: the next crossing is further on
+            self.crossing = None
+            self._next_crossing(self.calls, values)
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead

@@ -27,6 +27,8 @@ HOOKS = {
     "torch._inductor.compile_fx": ("rocm_autopatch.startup.wiring:on_compile_fx",),
     "torch._inductor.codecache": ("rocm_autopatch.startup.wiring:on_codecache",),
     "torch._inductor.cpu_vec_isa": ("rocm_autopatch.startup.wiring:on_cpu_vec_isa",),
+    "torch._inductor.runtime.triton_heuristics": (
+        "rocm_autopatch.startup.wiring:on_triton_heuristics",),
 }
 
 _lock = _thread.allocate_lock()

@@ -155,12 +155,29 @@ def on_cpu_vec_isa(module: ModuleType) -> None:
         caches.keep_isa_checks(module)
 
 
+def on_triton_heuristics(module: ModuleType) -> None:
+    """Coordinate descent's cached results reused on a warm start (Triton kernels only)."""
+    if not decide():
+        return
+    from rocm_autopatch.config import coordesc_reuse
+
+    coordesc_reuse.install(module)
+
+
 def on_compile_fx(module: ModuleType) -> None:
-    """The numerics sentinel; unset or off, not even its package is imported."""
+    """Each graph compiled once by a job's ranks (``config.compile_once``, loaded only in a
+    job of several ranks); the numerics sentinel (unset or off, not even its package is
+    imported)."""
     if not decide():
         return
     from rocm_autopatch import log
     from rocm_autopatch.config import settings
+
+    world = log.setting(settings.WORLD_SIZE, warn=False)
+    if isinstance(world, int) and world > 1:
+        from rocm_autopatch.config import compile_once
+
+        compile_once.install(module)
 
     if log.setting(settings.VERIFY) == "off":
         return

@@ -218,3 +218,38 @@ def test_complex_values_are_judged_as_real_pairs() -> None:
     wrong[7] = wrong[7] * 1.5
     (m,) = judge.compare([eager], [wrong], [f], judge.TOL_FORWARD).bad
     assert m.rule in ("localized", "torch's criterion") and m.dtype == "float32", m
+
+
+def test_the_batched_first_test_of_torchs_criterion_agrees_with_torch() -> None:
+    """torch's criterion starts with ``allclose`` of eager and compiled and passes at once
+    where it holds; the judge reads that test for a batch of values in one transfer. Per
+    value it is torch's own ``allclose``, and where it holds torch's ``same`` passes:
+    values close, off by a rounding unit, wrong in one element, NaN in both, in a batch
+    of one dtype and size and alone."""
+    import torch
+
+    from rocm_autopatch.sentinel import judge
+
+    gen = torch.Generator().manual_seed(0)
+    exact = [torch.randn(512, dtype=torch.float64, generator=gen) for _ in range(6)]
+    eager = [x.to(torch.bfloat16) for x in exact]
+    compiled = [x.clone() for x in eager]
+    compiled[1] = (exact[1] * (1 + 2 * torch.finfo(torch.bfloat16).eps)).to(torch.bfloat16)
+    compiled[2][5] += 1.0  # wrong
+    eager[3][7] = compiled[3][7] = float("nan")  # NaN in both: equal_nan
+    compiled[4] = compiled[4] * 1.01  # off by more than the tolerance everywhere
+    values = [judge._Value(i, r, c, f) for i, (r, c, f) in
+              enumerate(zip(eager, compiled, exact))]
+    values.append(judge._Value(6, torch.ones(3, 5), torch.ones(3, 5) + 1e-2,
+                               torch.ones(3, 5, dtype=torch.float64)))  # alone
+    errors = judge._all_errors(values, judge.TOL_FORWARD)
+    tol = judge.TOL_FORWARD
+    for v in values:
+        close = torch.allclose(v.r, v.c, rtol=tol, atol=tol, equal_nan=True)
+        assert errors[v.index].close == close, v.index
+        if close:
+            assert judge.torch_criterion(v.r, v.c, v.f, tol)[0], v.index
+    # equal, two rounding units (bf16: 1.6%, past 1e-3), one wrong, shared NaN, 1% off,
+    # equal, and a float32 value alone off by 1e-2
+    assert [errors[i].close for i in range(7)] == [True, False, False, True, False, True,
+                                                   False]

@@ -120,32 +120,63 @@ def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
     wrong position is still caught."""
     torch = pytest.importorskip("torch")
     from rocm_autopatch.sentinel import judge
-    from rocm_autopatch.sentinel.check import written_region
+    from rocm_autopatch.sentinel.check import written_regions
 
     before, exact = _cache()
     eager, compiled, fp64 = before.clone(), before.clone(), before.double()
     eager[:, :, 5:6] = exact.bfloat16()
     compiled[:, :, 5:6] = exact.bfloat16()
     fp64[:, :, 5:6] = exact
-    r, c, f = written_region(before, eager, compiled, fp64)
+    ((r, c, f),) = written_regions([(before, eager, compiled, fp64)])
     assert r.shape == c.shape == f.shape == (32,)  # 2 heads x 16 at position 5
     assert torch.equal(f, exact.flatten())
     assert judge.compare([r], [c], [f], judge.TOL_FORWARD).bad == []
     wrong = before.clone()
     wrong[:, :, 6:7] = exact.bfloat16()  # one position late
-    r, c, f = written_region(before, eager, wrong, fp64)
+    ((r, c, f),) = written_regions([(before, eager, wrong, fp64)])
     assert r.numel() == 64  # both positions
     (found,) = judge.compare([r], [c], [f], judge.TOL_FORWARD).bad
     assert found.index == 0
 
 
+def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
+    """A decode step's caches, alike in shape and dtype, found in one synchronisation: each
+    judged at the positions any of them changed; one written a position late is caught,
+    and a cache of another shape keeps its own positions."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.check import written_regions
+
+    items = []
+    for layer in range(4):
+        before, exact = _cache()
+        eager, compiled, fp64 = before.clone(), before.clone(), before.double()
+        eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
+        fp64[:, :, 5:6] = exact
+        if layer == 2:
+            compiled = before.clone()
+            compiled[:, :, 6:7] = exact.bfloat16()  # one position late
+        items.append((before, eager, compiled, fp64))
+    other, exact = _cache(rows=8)
+    written = other.clone()
+    written[:, :, 1:2] = exact.bfloat16()
+    items.append((other, written, written.clone(), other.double().index_copy(
+        2, torch.tensor([1]), exact)))
+    regions = written_regions(items)
+    assert [r[0].numel() for r in regions] == [64, 64, 64, 64, 32]
+    verdict = judge.compare([r[0] for r in regions], [r[1] for r in regions],
+                            [r[2] for r in regions], judge.TOL_FORWARD)
+    assert [m.index for m in verdict.bad] == [2]
+
+
 def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
     pytest.importorskip("torch")
-    from rocm_autopatch.sentinel.check import written_region
+    from rocm_autopatch.sentinel.check import written_regions
 
     before, _ = _cache()
-    same = written_region(before, before.clone(), before.clone(), before.double())
+    (same,) = written_regions([(before, before.clone(), before.clone(), before.double())])
     assert same[0].shape == before.shape
     everywhere = before + 1
-    whole = written_region(before, everywhere, everywhere.clone(), everywhere.double())
+    (whole,) = written_regions([(before, everywhere, everywhere.clone(),
+                                 everywhere.double())])
     assert whole[1].shape == before.shape

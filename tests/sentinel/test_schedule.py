@@ -94,29 +94,55 @@ def _by_twice(found: List[int], start: int = 2) -> bool:
 
 def test_an_integer_input_is_checked_each_time_it_passes_twice_the_largest_checked(
         clock: Clock) -> None:
-    """A position from 1 to 1,000, read every call: a check as it is about to pass twice the
-    largest checked (about log2(n) checks), so a bug from position p is checked by 2p; a
-    float input that grows alike only past 4x."""
+    """A position from 1 to 1,000, read every call: a check as it passes twice the largest
+    checked (about log2(n) checks), so a bug from position p is checked by 2p; a float
+    input that grows alike only past 4x."""
     ints = _values_checks(clock, torch.int64)
-    assert ints == [3, 5, 9, 17, 33, 65, 129, 257, 513] and _by_twice(ints, start=3)
+    assert ints == [3, 7, 15, 31, 63, 127, 255, 511] and _by_twice(ints, start=3)
     assert _values_checks(clock, torch.float32) == [5, 21, 85, 341]
 
 
-def test_a_position_read_late_is_still_checked_by_twice_its_value(clock: Clock) -> None:
+@pytest.mark.parametrize("every,late", [(64, 16), (128, 64), (256, 200)])
+def test_a_position_read_late_is_still_checked_by_twice_its_value(
+        clock: Clock, every: int, late: int) -> None:
     """On a GPU the values come some calls after the call that had them: a decode loop on
-    an H200 reduced its position every 16th call and read the running maximum every 4
-    reductions, a read every 64 calls holding a value up to 16 calls old. A position
-    growing one per call is projected to the next read, so the check still comes by 2p
-    (before the projection, a bug from position 40 was checked at position 95)."""
+    an H200 read its position every 64 calls, holding a value up to 16 calls old (and a
+    bug from position 40 was checked at position 95 before the prediction). The position's
+    growth per call, from two reads, predicts the call at which it passes twice the largest
+    checked; that call's values are read at once, and it is checked there."""
 
     class Late(magnitudes.Magnitudes):
-        def measure(self, flat: List[Any]) -> Any:  # every 64th call, 16 calls old
-            position = int(flat[0])
-            return {0: float(max(position - 16, 1))} if position % 64 == 0 else {}
+        def measure(self, flat: List[Any], call: int = 0) -> Any:
+            position = int(flat[0])  # the call's number: one position per call
+            if position % every:
+                return {}
+            self.ready_from = position - late
+            return {0: float(position - late)}
 
-    late = _values_checks(clock, torch.int64, Late([0], (0,)))
-    # from the first read on (position 64): checks at 64, 128, 192, 320, 576
-    assert late and _by_twice(late, start=late[0]) and len(late) <= 6, late
+    found = _values_checks(clock, torch.int64, Late([0], (0,)))
+    # from the second read on (the growth known) each check is at the crossing itself: the
+    # first position past twice the one checked before
+    crossings = [(a, b) for a, b in zip(found, found[1:]) if b > 2 * every]
+    assert crossings and all(b == 2 * a + 1 for a, b in crossings[1:]), found
+    assert _by_twice(found, start=found[0]) and len(found) <= 7, found
+
+
+def test_a_predicted_crossing_that_does_not_come_is_not_checked(clock: Clock) -> None:
+    """A loop that restarts its positions after a prediction was made: the values read at
+    the predicted call are below twice the largest checked, so no check (one read)."""
+    plan = schedule.Schedule(1, 0.0, [])
+    plan.magnitudes = magnitudes.Magnitudes([0], (0,))
+    plan.call_seconds = 1.0
+    whys = []
+    for position in list(range(10, 40)) + list(range(10, 30)):
+        flat = [torch.tensor([position])]
+        why = plan.due(flat)
+        whys.append((position, why))
+        if why is not None:
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 1.0, 1.0, [])
+        clock.now += 1.0
+    assert [p for p, why in whys if why == schedule.VALUES] == [21], whys
+    assert plan.crossing is None or plan.crossing > plan.calls
 
 
 def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
@@ -130,7 +156,7 @@ def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good
     costs = iter([1e-3] + [1e-6] * 300)
 
     class Reads(magnitudes.Magnitudes):
-        def measure(self, flat: List[Any]) -> Any:
+        def measure(self, flat: List[Any], call: int = 0) -> Any:
             clock.now += next(costs)
             return {}
 

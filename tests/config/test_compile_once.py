@@ -1,0 +1,71 @@
+"""Each graph compiled once by the ranks of a job: a real 2-rank torchrun job (gloo, on the
+CPU) through the installed wheel, both ranks reaching the compile together (a barrier) on
+an empty cache directory; torch's own counters say who compiled and who hit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+from conftest import rank_lines
+
+pytestmark = pytest.mark.heavy(40)
+
+# A GEMM alone: Inductor calls ATen and builds no C++ kernel, so a cold compile is about a
+# second on the CPU, and both ranks are inside it at once.
+JOB = r'''
+import json, os, time, torch, torch.distributed as dist
+from torch._dynamo.utils import counters
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+f = torch.compile(lambda a: a @ a.T)
+dist.barrier()  # the compiles start together
+with torch.no_grad():
+    began = time.perf_counter()
+    y = f(x)
+    seconds = time.perf_counter() - began
+ok = torch.tensor([float(torch.allclose(y, x @ x.T, atol=1e-5))])
+dist.all_reduce(ok)  # a collective right after the compile: both ranks reach it
+import rocm_autopatch
+from rocm_autopatch.config import compile_once
+fix = rocm_autopatch.report().fixes.get("compile_once")
+print(json.dumps({"rank": rank, "both_ok": ok.item() == 2, "seconds": round(seconds, 2),
+                  "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "waits": compile_once.WAITS, "fix": fix and fix["status"]}))
+dist.destroy_process_group()
+'''
+
+
+def _job(venv: Any, tmp_path: Path, mode: str) -> List[dict]:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    cache = tmp_path / f"cache-{mode}"
+    proc = venv.torchrun("--standalone", "--nproc-per-node", "2", str(script),
+                         env={"ROCM_AUTOPATCH": mode, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                         cwd=str(tmp_path), timeout=240)
+    assert proc is not None, "the job ran past its timeout"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = rank_lines(proc.stdout)
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["both_ok"] for r in ranks)
+    return ranks
+
+
+def test_two_ranks_started_together_compile_a_graph_once(torch_venv: Any,
+                                                         tmp_path: Path) -> None:
+    ranks = _job(torch_venv, tmp_path, "force")
+    assert all(r["fix"] == "applied" for r in ranks), ranks
+    # one rank compiled (a miss), the other waited for it and loaded its entry (a hit)
+    assert sorted((r["miss"], r["hit"]) for r in ranks) == [(0, 1), (1, 0)], ranks
+    waiter = next(r for r in ranks if r["hit"])
+    assert len(waiter["waits"]) == 1 and 0 < waiter["waits"][0] < 60, ranks
+    assert next(r for r in ranks if r["miss"])["waits"] == []
+
+
+def test_without_it_both_ranks_compile_the_same_graph(torch_venv: Any,
+                                                       tmp_path: Path) -> None:
+    """The race the lock removes, on the same job: both ranks miss an empty cache."""
+    ranks = _job(torch_venv, tmp_path, "0")
+    assert [r["miss"] for r in ranks] == [1, 1] and all(r["fix"] is None for r in ranks)
