@@ -14,6 +14,8 @@ must reproduce exactly). Arms, each model:
   with a new TMPDIR and the same directory (warm);
 - ``two``: two processes started together on an empty directory (they race to fill it),
   then two more together on the filled one;
+- ``ranks``: the same, the two processes ranks of one job (``WORLD_SIZE=2``, ``RANK``): each
+  graph is compiled by one of them, the other waits and loads it (``config.compile_once``);
 - ``mega``: torch's Mega-Cache instead of the directory (``torch.compiler.
   save_cache_artifacts`` after the cold compile, ``load_cache_artifacts`` before the warm
   one, each process with a new TMPDIR and no ROCM_AUTOPATCH_CACHE), where torch has it.
@@ -105,8 +107,10 @@ def tuners():
     return {"autotuners": len(found), "cache_states": dict(states),
             "ended_found_by_coordesc": marked,
             "coordesc_benchmarks": counters["inductor"]["coordesc_tuning_bench"]}
+once = sys.modules.get("rocm_autopatch.config.compile_once")  # loaded in a job of ranks
 print(json.dumps({"first_call_s": round(first, 2), "out_sum": float(out.double().sum()),
                   "phases": phases, "triton_autotuners": tuners(),
+                  "compile_once_waits": once and [round(w, 2) for w in once.WAITS],
                   "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
                   "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
                   "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
@@ -118,14 +122,14 @@ print(json.dumps({"first_call_s": round(first, 2), "out_sum": float(out.double()
 EXTRA: dict = {}  # --env
 
 
-def start(model: str, cache: str, tag: str, work: str, mega: str = "-") -> tuple:
+def start(model: str, cache: str, tag: str, work: str, mega: str = "-", **rank: str) -> tuple:
     tmp = os.path.join(work, f"tmp-{tag}")
     os.makedirs(tmp)
     report = os.path.join(work, f"report-{tag}.json")
     env = child_env(ROCM_AUTOPATCH="force", TMPDIR=tmp, ROCM_AUTOPATCH_REPORT=report,
                     **({"ROCM_AUTOPATCH_CACHE": cache} if cache else {}),
                     **({"ROCM_AUTOPATCH_PROFILE": "perf"} if model == "runaway" else {}),
-                    **EXTRA)
+                    **EXTRA, **rank)
     proc = subprocess.Popen([sys.executable, "-c", CHILD, model, mega], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=child_cwd())
     return proc, report
@@ -173,20 +177,21 @@ def main() -> None:
                 row["speedup"] = round(cold["first_call_s"] / warm["first_call_s"], 2)
             results.append(row)
             print(json.dumps(row), flush=True)
-        if "two" not in arms:
-            continue
-        two = os.path.join(work, f"{model}-two")
-        colds = [finish(p) for p in [start(model, two, f"{model}-cold{i}", work)
-                                     for i in (0, 1)]]
-        warms = [finish(p) for p in [start(model, two, f"{model}-warm{i}", work)
-                                     for i in (0, 1)]]
-        row = {"model": model, "arm": "two processes sharing", "env": EXTRA, "cold": colds,
-               "warm": warms}
-        if all(r.get("first_call_s") for r in colds + warms):
-            row["speedup"] = round(max(r["first_call_s"] for r in colds)
-                                   / max(r["first_call_s"] for r in warms), 2)
-        results.append(row)
-        print(json.dumps(row), flush=True)
+        for arm in [a for a in ("two", "ranks") if a in arms]:
+            two = os.path.join(work, f"{model}-{arm}")
+            job = (lambda i: {"WORLD_SIZE": "2", "RANK": str(i), "LOCAL_RANK": str(i)}) \
+                if arm == "ranks" else (lambda i: {})
+            colds = [finish(p) for p in [start(model, two, f"{model}-{arm}-cold{i}", work,
+                                               **job(i)) for i in (0, 1)]]
+            warms = [finish(p) for p in [start(model, two, f"{model}-{arm}-warm{i}", work,
+                                               **job(i)) for i in (0, 1)]]
+            row = {"model": model, "arm": "two processes sharing" if arm == "two" else
+                   "two ranks of a job sharing", "env": EXTRA, "cold": colds, "warm": warms}
+            if all(r.get("first_call_s") for r in colds + warms):
+                row["speedup"] = round(max(r["first_call_s"] for r in colds)
+                                       / max(r["first_call_s"] for r in warms), 2)
+            results.append(row)
+            print(json.dumps(row), flush=True)
     save(args.json, meta(torch), results)
 
 
