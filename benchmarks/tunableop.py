@@ -40,6 +40,8 @@ import tempfile
 
 from common import LLAMA_1B, meta, run_arm
 
+# Each phase defines first (seconds), steady() (its steady-state number, named unit) and
+# extra (what else it reports); STEADY measures steady() with TunableOp on and switched off.
 PREFILL = r"""
 iters = int(sys.argv[1])
 fn = torch.compile(model)
@@ -51,24 +53,14 @@ with torch.no_grad():
     first = time.perf_counter() - start
     for _ in range(5):
         fn(input_ids=ids)
-    def steady():
-        times = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(input_ids=ids); b.record(); b.synchronize()
-            times.append(a.elapsed_time(b))
-        return round(statistics.median(times), 3)
-    median = steady()
-    tunable = torch.cuda.tunable
-    was_on, held = tunable.is_enabled(), len(tunable.get_results())
-    # the same compiled code with TunableOp switched off in this process: what it is worth
-    if was_on:
-        tunable.enable(False)
-        median_off = steady()
-        tunable.enable(True)
-out = {"first_call_s": round(first, 2), "median_ms": median,
-       "median_ms_tunableop_switched_off": median_off if was_on else None,
-       "logits_sum": float(logits.float().sum())}
+def steady():
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(input_ids=ids); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    return round(statistics.median(times), 3)
+unit, extra = "median_ms", {"logits_sum": float(logits.float().sum())}
 """
 
 DECODE = r"""
@@ -86,23 +78,27 @@ with torch.no_grad():
     text = generate()
     torch.cuda.synchronize()
     first = time.perf_counter() - start
-    def steady():
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(3):
-            generate()
-        torch.cuda.synchronize()
-        return round(3 * tokens / (time.perf_counter() - start), 2)
-    tps = steady()
+def steady():
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        generate()
+    torch.cuda.synchronize()
+    return round(3 * tokens / (time.perf_counter() - start), 2)
+unit, extra = "tokens_per_s", {"tokens": text[0, 16:32].tolist()}
+"""
+
+STEADY = r"""
+with torch.no_grad():
+    value, value_off = steady(), None
     tunable = torch.cuda.tunable
     was_on, held = tunable.is_enabled(), len(tunable.get_results())
-    if was_on:
+    if was_on:  # the same compiled code with TunableOp switched off: what it is worth
         tunable.enable(False)
-        tps_off = steady()
+        value_off = steady()
         tunable.enable(True)
-out = {"first_call_s": round(first, 2), "tokens_per_s": tps,
-       "tokens_per_s_tunableop_switched_off": tps_off if was_on else None,
-       "tokens": text[0, 16:32].tolist()}
+out = {"first_call_s": round(first, 2), unit: value,
+       unit + "_tunableop_switched_off": value_off, **extra}
 """
 
 RESULT = r"""
@@ -117,7 +113,7 @@ print(json.dumps({**out, "tunable_enabled": was_on, "filename": tunable.get_file
 def child(phase: str) -> str:
     """The child's code for ``phase``: the model, the phase's calls, the result line."""
     return (LLAMA_1B + "import json, statistics, sys, time\n"
-            + (PREFILL if phase == "prefill" else DECODE) + RESULT)
+            + (PREFILL if phase == "prefill" else DECODE) + STEADY + RESULT)
 
 
 def _files(where: str) -> dict:

@@ -1,8 +1,9 @@
 """Files that several processes share: a write a reader sees whole or not at all
 (``write_atomically``), a lock on a directory for the time of a read-and-write
-(``directory_lock``), and a JSON object read back, or nothing (``read_json``). The compile
-report, the sentinel's remembered fixes and bisection results, and the remembered CPU ISA
-checks go through them."""
+(``directory_lock``; ``try_lock`` for one that is not waited for), and a JSON object read
+back, or nothing (``read_json``). The compile report, the sentinel's remembered fixes and
+bisection results, the remembered CPU ISA checks and the ranks' compile locks go through
+them."""
 
 from __future__ import annotations
 
@@ -27,19 +28,12 @@ class directory_lock:
 
     def __enter__(self) -> None:
         try:
-            import fcntl
-
-            os.makedirs(self.directory, exist_ok=True)
-            self.fd = os.open(self.directory, os.O_RDONLY)
+            self.fd = open_directory(self.directory)
             deadline = time.monotonic() + self.WAIT
-            while True:
-                try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)
+            while not try_lock(self.fd):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(self.directory)
+                time.sleep(0.02)
         except Exception:  # noqa: BLE001 - a lock we cannot have: write unserialised
             self.__exit__()
 
@@ -47,6 +41,25 @@ class directory_lock:
         if self.fd is not None:
             os.close(self.fd)  # closing releases the lock
             self.fd = None
+
+
+def open_directory(directory: str) -> int:
+    """A descriptor of ``directory`` (made where missing) to ``flock``; closing it releases
+    a lock held through it."""
+    os.makedirs(directory, exist_ok=True)
+    return os.open(directory, os.O_RDONLY)
+
+
+def try_lock(fd: int) -> bool:
+    """An exclusive ``flock`` on ``fd`` if no one holds one; never waits (raises where this
+    system has no ``flock``)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
 
 
 def write_atomically(path: str, text: str) -> None:

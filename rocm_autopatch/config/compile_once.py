@@ -34,7 +34,7 @@ import time
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from rocm_autopatch import log, patching
+from rocm_autopatch import files, log, patching
 from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import record
 
@@ -121,14 +121,11 @@ class GraphLock:
 
     def __enter__(self) -> None:
         try:
-            import fcntl
-
-            os.makedirs(self.path, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDONLY)
-            if _try(fcntl, self.fd):
+            self.fd = files.open_directory(self.path)
+            if files.try_lock(self.fd):
                 return  # held: this rank compiles
             began = time.monotonic()
-            while not _try(fcntl, self.fd):
+            while not files.try_lock(self.fd):
                 if time.monotonic() - began > WAIT:
                     log.warn_once((NAME, "wait"), f"rocm-autopatch: waited {WAIT:g} s for "
                                   "another rank's compile of a graph; compiling it here")
@@ -144,10 +141,3 @@ class GraphLock:
             os.close(self.fd)  # closing releases the lock
             self.fd = None
 
-
-def _try(fcntl: Any, fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False

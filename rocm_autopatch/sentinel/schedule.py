@@ -137,6 +137,54 @@ def _share_since(spent: float, since: Optional[float]) -> float:
 LEDGER = Ledger()
 
 
+class Crossings:
+    """Integers that grow steadily (a decode loop's position): from two reads of values (the
+    calls they are from), each one's growth per call, and the call at which it will pass
+    ``INTEGER_FACTOR`` times its largest checked. An integer that did not grow since the
+    last read (a loop that restarted, a token id) predicts nothing."""
+
+    def __init__(self) -> None:
+        self.last: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
+        self.rates: Dict[int, float] = {}  # growth per call
+        self.call: Optional[int] = None  # the next predicted crossing
+
+    def due(self, n: int) -> bool:
+        return self.call is not None and n >= self.call
+
+    def read(self, at: int, values: Dict[int, float], integer: Any,
+             checked: Dict[int, float]) -> None:
+        """A read of the values of call ``at``."""
+        if not values:
+            return
+        last, self.last = self.last, (at, values)
+        if last is None or at <= last[0]:
+            return
+        self.rates = {}
+        for i in integer:
+            now, before = values.get(i, math.nan), last[1].get(i, math.nan)
+            if math.isfinite(now) and math.isfinite(before) and now > before:
+                self.rates[i] = (now - before) / (at - last[0])
+        self.plan(at, values, checked)
+
+    def plan(self, at: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
+        """The next crossing from the values of call ``at``."""
+        self.call = None
+        for i, rate in self.rates.items():
+            target = INTEGER_FACTOR * checked.get(i, 0.0)
+            if values.get(i, math.inf) <= target:
+                call = at + math.floor((target - values[i]) / rate) + 1
+                self.call = min(self.call or call, call)
+
+    def again(self, n: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
+        """A predicted crossing that had not come (the growth slowed): predicted again from
+        this call's values, unless they fell (the loop restarted)."""
+        last = self.last[1] if self.last else {}
+        if all(values.get(i, -math.inf) >= last.get(i, math.inf) for i in self.rates):
+            self.plan(n, values, checked)
+        else:
+            self.call = None
+
+
 class Schedule:
     """One graph's checks: which call is due, what the checks covered, the budget."""
 
@@ -155,11 +203,7 @@ class Schedule:
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
-        # integers that grow steadily: the last read (the call its values are from, the
-        # values), their growth per call, and the call predicted to pass INTEGER_FACTOR x
-        self.last_read: Optional[Tuple[int, Dict[int, float]]] = None
-        self.rates: Dict[int, float] = {}
-        self.crossing: Optional[int] = None
+        self.crossings = Crossings()  # steadily growing integers' next crossing
         self.last_forced = 0  # the last call a new shape or new values had checked
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
@@ -213,11 +257,12 @@ class Schedule:
             began = time.perf_counter()
             values = self.magnitudes.measure(flat, n)
             self._costs(time.perf_counter() - began)
-            self._predict(self.magnitudes.ready_from, values)
+            self.crossings.read(self.magnitudes.ready_from, values, self.magnitudes.integer,
+                                self.checked_max)
             if self._new_regime(values):
                 self.values_read_stride = read_every
                 return VALUES
-        if self.crossing is not None and n >= self.crossing and self._crossed(n, flat):
+        if self.crossings.due(n) and self._crossed(n, flat):
             self.values_read_stride = 1
             return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
@@ -277,42 +322,16 @@ class Schedule:
         recent = sorted(self.warm[-8:] or self.overheads[-8:])
         return recent[(len(recent) - 1) // 2]
 
-    def _predict(self, at: int, values: Dict[int, float]) -> None:
-        """From two reads of values (``at``: the call they are from), the call at which each
-        steadily growing integer will pass ``INTEGER_FACTOR`` times its largest checked.
-        An integer that did not grow since the last read (a loop that restarted, a token
-        id) predicts nothing."""
-        if not values or self.magnitudes is None:
-            return
-        last, self.last_read = self.last_read, (at, values)
-        if last is None or at <= last[0]:
-            return
-        self.rates, self.crossing = {}, None
-        for i in self.magnitudes.integer:
-            now, before = values.get(i, math.nan), last[1].get(i, math.nan)
-            if math.isfinite(now) and math.isfinite(before) and now > before:
-                self.rates[i] = (now - before) / (at - last[0])
-        self._next_crossing(at, values)
-
-    def _next_crossing(self, at: int, values: Dict[int, float]) -> None:
-        for i, rate in self.rates.items():
-            target = INTEGER_FACTOR * self.checked_max.get(i, 0.0)
-            if values.get(i, math.inf) <= target:
-                call = at + math.floor((target - values[i]) / rate) + 1
-                self.crossing = min(self.crossing or call, call)
-
     def _crossed(self, n: int, flat: List[Any]) -> bool:
         """At a predicted crossing: this call's values, read at once. Past: check it. Not
         yet (the growth slowed): predict again from them."""
         began = time.perf_counter()
         values = self.magnitudes.now(flat) if self.magnitudes is not None else {}
         LEDGER.spent += time.perf_counter() - began
-        self.crossing = None
         if self._new_regime(values):
+            self.crossings.call = None
             return True
-        last = self.last_read[1] if self.last_read else {}
-        if all(values.get(i, -math.inf) >= last.get(i, math.inf) for i in self.rates):
-            self._next_crossing(n, values)
+        self.crossings.again(n, values, self.checked_max)
         return False
 
     def _new_regime(self, values: Dict[int, float]) -> bool:
@@ -349,9 +368,8 @@ class Schedule:
         self.overheads = (self.overheads + [overhead])[-8:]
         if why in (SHAPE, VALUES):
             self.last_forced = self.calls
-        if self.rates:  # the largest checked moved: the next crossing is further on
-            self.crossing = None
-            self._next_crossing(self.calls, values)
+        # the largest checked moved: the next crossing is further on
+        self.crossings.plan(self.calls, values, self.checked_max)
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead

@@ -142,7 +142,7 @@ def test_a_predicted_crossing_that_does_not_come_is_not_checked(clock: Clock) ->
             plan.checked(why, flat, plan.magnitudes.now(flat), True, 1.0, 1.0, [])
         clock.now += 1.0
     assert [p for p, why in whys if why == schedule.VALUES] == [21], whys
-    assert plan.crossing is None or plan.crossing > plan.calls
+    assert plan.crossings.call is None or plan.crossings.call > plan.calls
 
 
 def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
