@@ -19,17 +19,21 @@ shapes, strides, dtypes and devices, forward or backward) in Inductor's cache di
 - a rank waits at most ``WAIT`` seconds, then compiles as it would have, saying so once (a
   holder that hangs); a holder that dies frees its lock (``flock``).
 
-Not where torch's compiler collectives are on (``torch._dynamo.config.
-enable_compiler_collectives``: the ranks compile in step, and one waiting for a lock while
-its holder waits for it in a collective would stall until the bound), nor where the FX graph
-cache is off (there is nothing to share). Ranks on other machines have other directories:
-each machine compiles once.
+Not where a compile can itself wait for the other ranks: torch's compiler collectives
+(``torch._dynamo.config.enable_compiler_collectives``), autotuning shared between ranks
+(``torch._inductor.config.distributed_max_autotune_gemm``, which the profiles turn off
+unless the user keeps it) and compile-on-one-rank (``torch.distributed.config.
+compile_on_one_rank``): there a rank waiting for the lock while its holder waits for it in
+a collective would stall until the bound. Nor where the FX graph cache is off (there is
+nothing to share). Ranks on other machines have other directories: each machine compiles
+once.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import time
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
@@ -88,10 +92,13 @@ def _where(gm: Any, example_inputs: Sequence[Any], is_backward: bool) -> str:
     from torch._dynamo import config as dynamo_config
     from torch._inductor import config as inductor_config
 
-    if getattr(dynamo_config, "enable_compiler_collectives", False) or \
-            not getattr(inductor_config, "fx_graph_cache", True) or \
-            getattr(inductor_config, "force_disable_caches", False):
-        return ""
+    if any(getattr(config, key, False) for config, key in (
+            (dynamo_config, "enable_compiler_collectives"),
+            (inductor_config, "distributed_max_autotune_gemm"),
+            (sys.modules.get("torch.distributed.config"), "compile_on_one_rank"),
+            (inductor_config, "force_disable_caches"))) or \
+            not getattr(inductor_config, "fx_graph_cache", True):
+        return ""  # a compile that may wait in a collective, or no cache to share
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return os.path.join(cache_dir(), FOLDER, graph_key(torch, gm, example_inputs, is_backward))

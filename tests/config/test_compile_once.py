@@ -19,6 +19,8 @@ import json, os, time, torch, torch.distributed as dist
 from torch._dynamo.utils import counters
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+# the ranks compile in step through torch's own collectives: no lock may wait on them
+torch._dynamo.config.enable_compiler_collectives = os.environ.get("JOB_IN_STEP") == "1"
 x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 f = torch.compile(lambda a: a @ a.T)
 dist.barrier()  # the compiles start together
@@ -39,12 +41,13 @@ dist.destroy_process_group()
 '''
 
 
-def _job(venv: Any, tmp_path: Path, mode: str) -> List[dict]:
+def _job(venv: Any, tmp_path: Path, mode: str, in_step: str = "0") -> List[dict]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
     cache = tmp_path / f"cache-{mode}"
     proc = venv.torchrun("--standalone", "--nproc-per-node", "2", str(script),
-                         env={"ROCM_AUTOPATCH": mode, "TORCHINDUCTOR_CACHE_DIR": str(cache)},
+                         env={"ROCM_AUTOPATCH": mode, "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                              "JOB_IN_STEP": in_step},
                          cwd=str(tmp_path), timeout=240)
     assert proc is not None, "the job ran past its timeout"
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -69,3 +72,11 @@ def test_without_it_both_ranks_compile_the_same_graph(torch_venv: Any,
     """The race the lock removes, on the same job: both ranks miss an empty cache."""
     ranks = _job(torch_venv, tmp_path, "0")
     assert [r["miss"] for r in ranks] == [1, 1] and all(r["fix"] is None for r in ranks)
+
+
+def test_ranks_that_compile_in_step_take_no_lock(torch_venv: Any, tmp_path: Path) -> None:
+    """With torch's compiler collectives a compile may wait for the other ranks: a rank
+    waiting for the lock while its holder waits for it there would stall, so no lock is
+    taken (both ranks compile, neither waits)."""
+    ranks = _job(torch_venv, tmp_path, "force", in_step="1")
+    assert [r["miss"] for r in ranks] == [1, 1] and all(r["waits"] == [] for r in ranks)
