@@ -19,8 +19,11 @@ import json, os, time, torch, torch.distributed as dist
 from torch._dynamo.utils import counters
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-# the ranks compile in step through torch's own collectives: no lock may wait on them
-torch._dynamo.config.enable_compiler_collectives = os.environ.get("JOB_IN_STEP") == "1"
+# the ranks' compiles meet in a collective (autotuning shared between ranks, kept by the
+# program's own assignment): no lock may wait on them. (torch's compiler collectives, the
+# other such setting, fail on the CPU in torch 2.13: run_compiler_collective joins
+# torch.device objects as strings.)
+torch._inductor.config.distributed_max_autotune_gemm = os.environ.get("JOB_IN_STEP") == "1"
 x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 f = torch.compile(lambda a: a @ a.T)
 dist.barrier()  # the compiles start together
@@ -74,8 +77,9 @@ def test_without_it_both_ranks_compile_the_same_graph(torch_venv: Any,
     assert [r["miss"] for r in ranks] == [1, 1] and all(r["fix"] is None for r in ranks)
 
 
-def test_ranks_that_compile_in_step_take_no_lock(torch_venv: Any, tmp_path: Path) -> None:
-    """With torch's compiler collectives a compile may wait for the other ranks: a rank
+def test_ranks_whose_compiles_meet_in_a_collective_take_no_lock(torch_venv: Any,
+                                                                 tmp_path: Path) -> None:
+    """With autotuning shared between ranks a compile may wait for the other ranks: a rank
     waiting for the lock while its holder waits for it there would stall, so no lock is
     taken (both ranks compile, neither waits)."""
     ranks = _job(torch_venv, tmp_path, "force", in_step="1")
