@@ -12,11 +12,20 @@ from conftest import rank_lines
 
 pytestmark = pytest.mark.heavy(40)
 
-# A GEMM alone: Inductor calls ATen and builds no C++ kernel, so a cold compile is about a
-# second on the CPU, and both ranks are inside it at once.
+# A GEMM alone: Inductor calls ATen and builds no C++ kernel. Its compile is made to last 4 s
+# (a post-grad pass that sleeps; a real model's takes seconds to minutes), so that both ranks
+# are inside it at once however loaded the machine: without that, a rank slowed by the load
+# reached it after the other had written the entry, and hit without waiting.
 JOB = r'''
 import json, os, time, torch, torch.distributed as dist
 from torch._dynamo.utils import counters
+from torch._inductor.custom_graph_pass import CustomGraphPass
+class Slow(CustomGraphPass):
+    def __call__(self, graph):
+        time.sleep(4)
+    def uuid(self):
+        return "a-compile-of-4-s"
+torch._inductor.config.post_grad_custom_post_pass = Slow()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 # the ranks' compiles meet in a collective (autotuning shared between ranks, kept by the
@@ -67,6 +76,7 @@ def test_two_ranks_started_together_compile_a_graph_once(torch_venv: Any,
     assert sorted((r["miss"], r["hit"]) for r in ranks) == [(0, 1), (1, 0)], ranks
     waiter = next(r for r in ranks if r["hit"])
     assert len(waiter["waits"]) == 1 and 0 < waiter["waits"][0] < 60, ranks
+    assert waiter["waits"][0] < waiter["seconds"]  # it waited inside its first call
     assert next(r for r in ranks if r["miss"])["waits"] == []
 
 
