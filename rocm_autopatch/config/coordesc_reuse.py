@@ -10,8 +10,8 @@ meant to run that config without tuning again (``torch/_inductor/runtime/autotun
   kernels pickled (pytorch PR 181292; checked on torch 2.11 with Triton 3.6: the attribute
   is gone after ``pickle.loads(pickle.dumps(config))``);
 - ``recheck_autotune_cache`` (kernels loaded from the FX graph cache) ignores a cache hit
-  where a kernel has one config, and does not carry the mark (pytorch#172819, fixed by PR
-  173391 in torch 2.12 and later).
+  where a kernel has one config, and does not carry the mark (pytorch#172819; printed from
+  torch 2.11; torch 2.13's source has the fix PR 173391 describes).
 
 Measured on an H200 with torch 2.11 (BENCHMARKS.md): a warm start of the 32-GEMM model under
 ``perf`` found all 64 kernels in the autotune cache, and still ran 70 coordinate-descent
