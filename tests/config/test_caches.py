@@ -192,6 +192,52 @@ def test_a_truncated_entry_is_recompiled(torch_venv: Venv, tmp_path: Path) -> No
     assert "pickle data was truncated" in err  # torch's own warning, then a recompile
 
 
+# A model whose code and weights the test chooses (JOB_CODE, JOB_SCALE), compiled under the
+# sentinel's check: a warm start must hit only what is the same graph, and be right.
+CHANGED = r'''
+import json, os, torch
+from torch._dynamo.utils import counters
+CODE = os.environ["JOB_CODE"]  # the model's code: which product it computes
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((32, 32), float(os.environ["JOB_SCALE"])))
+    def forward(self, x):
+        return x @ self.w if CODE == "x @ w" else self.w @ x
+model = M().eval()
+x = torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    ok = bool(torch.allclose(torch.compile(model)(x), model(x), atol=1e-4))
+import rocm_autopatch
+graphs = rocm_autopatch.report().verify.get("graphs", [])
+print(json.dumps({"ok": ok, "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "checked": [g["status"] for g in graphs]}))
+'''
+
+
+@pytest.mark.heavy(15)
+def test_a_warm_start_hits_only_the_same_graph_and_is_right(torch_venv: Venv,
+                                                            tmp_path: Path) -> None:
+    """Three processes on one cache directory, each with a /tmp of its own, under the
+    sentinel's check: a first compile (a miss); the same code with other weights (a hit:
+    weights are the graph's inputs, and the output is the new weights'); the model's code
+    changed (a miss: it is compiled again, never served the old graph)."""
+    root = str(tmp_path / "cache")
+    found = []
+    for name, code, scale in (("first", "x @ w", "1"), ("weights", "x @ w", "2"),
+                              ("code", "w @ x", "2")):
+        fresh = tmp_path / f"tmp-{name}"
+        fresh.mkdir()
+        proc = torch_venv.run(CHANGED, env={
+            "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_CACHE": root, "TMPDIR": str(fresh),
+            "ROCM_AUTOPATCH_VERIFY": "check", "JOB_CODE": code, "JOB_SCALE": scale})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        found.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert [(r["hit"], r["miss"]) for r in found] == [(0, 1), (1, 0), (0, 1)], found
+    assert all(r["ok"] and r["checked"] == ["passed"] for r in found), found
+
+
 def _flagged(stderr: str) -> list:
     return [line for line in stderr.splitlines() if "FORCE_DISABLE_CACHES=1 is set" in line]
 
