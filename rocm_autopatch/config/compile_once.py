@@ -39,7 +39,6 @@ from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
 from rocm_autopatch import files, log, patching
-from rocm_autopatch.config import settings
 from rocm_autopatch.reporting import record
 
 NAME = "compile_once"  # its entry in report().fixes
@@ -52,13 +51,10 @@ FOLDER = "rocm_autopatch_compile_locks"
 WAITS: List[float] = []  # seconds this process waited, per graph it found being compiled
 
 
-def install(compile_fx: ModuleType) -> None:
-    """At ``torch._inductor.compile_fx``'s import, in a job of several ranks. Never
-    raises."""
+def install(compile_fx: ModuleType, world: int) -> None:
+    """At ``torch._inductor.compile_fx``'s import, in a job of ``world`` ranks (more than
+    one: ``startup.wiring`` loads this module only then). Never raises."""
     try:
-        world = log.setting(settings.WORLD_SIZE)
-        if not isinstance(world, int) or world < 2:
-            return
         if not callable(getattr(compile_fx, "_compile_fx_inner", None)):
             record.fix(NAME, record.SKIPPED, "this torch has no _compile_fx_inner to take a "
                        "lock around: each rank compiles every graph", REF)
@@ -75,12 +71,12 @@ def install(compile_fx: ModuleType) -> None:
 def _once(original: Any) -> Any:
     def _compile_fx_inner(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            lock = GraphLock(_where(gm, example_inputs, kwargs.get("is_backward", False)))
+            path = _where(gm, example_inputs, kwargs.get("is_backward", False))
         except Exception:  # noqa: BLE001 - no lock: this rank compiles, as without us
-            lock = None
-        if lock is None or not lock.path:
+            path = ""
+        if not path:
             return original(gm, example_inputs, *args, **kwargs)
-        with lock:
+        with GraphLock(path):
             return original(gm, example_inputs, *args, **kwargs)
 
     return _compile_fx_inner

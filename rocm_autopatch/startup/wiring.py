@@ -177,7 +177,7 @@ def on_compile_fx(module: ModuleType) -> None:
     if isinstance(world, int) and world > 1:
         from rocm_autopatch.config import compile_once
 
-        compile_once.install(module)
+        compile_once.install(module, world)
 
     if log.setting(settings.VERIFY) == "off":
         return
