@@ -19,7 +19,8 @@ Llama-class model from transformers (random weights, bf16 on the GPU) under
 - ``tp``: tensor-parallel inference (``torch.distributed.tensor.parallel``), whose compiled
   graphs hold functional collectives: listed as not compared on both ranks, nothing hangs.
 - ``cache``: the same job twice with one ``ROCM_AUTOPATCH_CACHE`` and a fresh ``TMPDIR``
-  each: Inductor's FX-graph cache hits per rank, and each rank's first-call seconds.
+  each: Inductor's FX-graph cache hits per rank, each rank's first-call seconds and how long
+  it waited for the other's compile (issue 34); then cold with rocm-autopatch off.
 - ``report``: ``ROCM_AUTOPATCH_REPORT=DIR/{rank}.json`` over the ``check`` job with the bug,
   then ``rocm-autopatch doctor --report DIR/*.json --json``: both ranks, verdicts, hits,
   divergence flagged.
@@ -209,7 +210,10 @@ def worker_cache() -> Dict[str, Any]:
            "fxgraph_miss": counters["inductor"]["fxgraph_cache_miss"],
            "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
            "max_abs_diff_vs_eager": float((logits.float() - eager.float()).abs().max()),
+           "logits_sum": float(logits.float().sum()),
            "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
+    once = sys.modules.get("rocm_autopatch.config.compile_once")  # a job of ranks: installed
+    out["compile_once_waits"] = [round(w, 2) for w in once.WAITS] if once else None
     dist.barrier()
     dist.destroy_process_group()
     return out
@@ -313,10 +317,13 @@ def arm_tp(work: str, steps: int) -> List[Dict[str, Any]]:
 
 
 def arm_cache(work: str, steps: int) -> List[Dict[str, Any]]:
+    """Cold and warm with one ``ROCM_AUTOPATCH_CACHE`` (the ranks compile each graph once:
+    ``config/compile_once.py``), then cold with rocm-autopatch off (each rank compiles)."""
     root, results = os.path.join(work, "mounted-cache"), []
-    for name in ("cold", "warm"):
-        fresh = tempfile.mkdtemp(dir=work, prefix=f"tmp-{name}-")
-        found = job("cache", steps, ROCM_AUTOPATCH_CACHE=root, TMPDIR=fresh)
+    for name in ("cold", "warm", "cold, rocm-autopatch off"):
+        fresh = tempfile.mkdtemp(dir=work, prefix=f"tmp-{name.split(',')[0]}-")
+        off = {"ROCM_AUTOPATCH": "0"} if "off" in name else {}
+        found = job("cache", steps, ROCM_AUTOPATCH_CACHE=root, TMPDIR=fresh, **off)
         results.append({"arm": f"cache: {name}", **found})
         print(json.dumps(results[-1])[:3000], flush=True)
     return results

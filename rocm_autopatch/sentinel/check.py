@@ -140,7 +140,10 @@ class Check:
     def not_copied(self) -> bool:
         """The magnitudes now, and a copy of the state the call writes."""
         try:
-            self.values = self.graph.schedule.magnitudes.now(self.flat)
+            plan = self.graph.schedule
+            self.values = plan.crossings.take(plan.calls)
+            if self.values is None:
+                self.values = plan.magnitudes.now(self.flat)
             self.pre = snapshot.Snapshot(self.flat, self.analysis.mutated)
         except Exception as exc:  # noqa: BLE001 - out of memory, odd aliasing: not checked
             self.graph.skip("not checked: the state it writes could not be copied "

@@ -23,9 +23,10 @@ watched for the whole run:
   synchronisation per predicted crossing), so a bug from position p is checked by 2p
   however late the reads come;
 - every ``period``-th call is checked, ``period`` keeping the sampled checks within the
-  rest of the budget. ``period`` is a power of two made from the costs measured at warm
-  checks (one is made ``CALIBRATE_AFTER`` calls after the first ones); calls are chosen by
-  their number, never by a random draw.
+  rest of the budget; each check a new shape or new values forced stands in for one of
+  them, so that forced and sampled checks together keep to it. ``period`` is a power of
+  two made from the costs measured at warm checks (one is made ``CALIBRATE_AFTER`` calls
+  after the first ones); calls are chosen by their number, never by a random draw.
 
 The budget (``ROCM_AUTOPATCH_VERIFY_BUDGET``) is a share of the program's wall time, not of
 the graph's own: a graph's costs are set against the time the program takes per call of it
@@ -147,6 +148,14 @@ class Crossings:
         self.last: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
         self.rates: Dict[int, float] = {}  # growth per call
         self.call: Optional[int] = None  # the next predicted crossing
+        self.read_at: Tuple[int, Dict[int, float]] = (0, {})  # values read at a crossing
+
+    def take(self, n: int) -> Optional[Dict[int, float]]:
+        """The values read at call ``n``'s crossing, for its check (one reduction and one
+        synchronisation fewer); None where none were."""
+        at, values = self.read_at
+        self.read_at = (0, {})
+        return values if at == n and values else None
 
     def due(self, n: int) -> bool:
         return self.call is not None and n >= self.call
@@ -204,7 +213,7 @@ class Schedule:
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
         self.crossings = Crossings()  # steadily growing integers' next crossing
-        self.last_forced = 0  # the last call a new shape or new values had checked
+        self.owed = 0  # forced checks not yet stood in for a period's sampled check
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.clock: Optional[float] = None  # when the first call after the first ones came
@@ -270,11 +279,14 @@ class Schedule:
             # ran): the first calls' include one-time costs (kernels loaded, caches
             # filled) that would make the period far too long.
             return self._sample(n, n)
-        if self.period and n % self.period == 0 and self.last_forced <= n - self.period:
-            # A check the values or a shape forced within this period stands in for its
-            # sampled one: the budget allows one check per period (decided by call numbers,
-            # as the period's own calls are, never by the clock)
-            return self._sample(n, self.period)
+        if self.period and n % self.period == 0:
+            # The budget allows one check per period: each check a shape or the values
+            # forced stands in for one period's sampled check (a decode loop's six position
+            # checks in its first 1,024 calls are six periods' worth). Decided by call
+            # numbers and counts, as the period's own calls are, never by the clock.
+            if not self.owed:
+                return self._sample(n, self.period)
+            self.owed -= 1
         return None
 
     def _sample(self, n: int, period: int) -> str:
@@ -328,6 +340,7 @@ class Schedule:
         began = time.perf_counter()
         values = self.magnitudes.now(flat) if self.magnitudes is not None else {}
         LEDGER.spent += time.perf_counter() - began
+        self.crossings.read_at = (n, values)
         if self._new_regime(values):
             self.crossings.call = None
             return True
@@ -365,9 +378,9 @@ class Schedule:
         if call_seconds > 0:
             self.call_seconds = min(self.call_seconds or call_seconds, call_seconds)
         overhead = max(check_seconds - call_seconds, 0.0)
-        self.overheads = (self.overheads + [overhead])[-8:]
         if why in (SHAPE, VALUES):
-            self.last_forced = self.calls
+            self.owed += 1
+        self.overheads = (self.overheads + [overhead])[-8:]
         # the largest checked moved: the next crossing is further on
         self.crossings.plan(self.calls, values, self.checked_max)
         if why != FIRST:
