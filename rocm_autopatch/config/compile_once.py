@@ -10,7 +10,8 @@ unsloth-zoo#967: watchdog aborts in the collective after the compile).
 Inductor's ``_compile_fx_inner`` (the FX graph cache lookup, the compile on a miss, the
 write of the entry; ``torch/_inductor/compile_fx.py``) is wrapped. In a job of several ranks
 (``WORLD_SIZE`` > 1) each graph takes a lock named by the graph (its code, its inputs'
-shapes, strides, dtypes and devices, forward or backward) in Inductor's cache directory:
+shapes, strides, dtypes and devices with their index, forward or backward) in Inductor's
+cache directory:
 
 - the first rank to reach a graph holds the lock while it looks up, compiles and writes;
 - a rank that finds the lock held waits until it is free, then looks up and hits the entry
@@ -27,6 +28,15 @@ compile_on_one_rank``): there a rank waiting for the lock while its holder waits
 a collective would stall until the bound. Nor where the FX graph cache is off (there is
 nothing to share). Ranks on other machines have other directories: each machine compiles
 once.
+
+Ranks on different GPUs of one machine (one GPU per rank, the usual job) share nothing
+here: Inductor's FX graph cache key holds its inputs' device index (``torch/_inductor/
+codecache.py``, ``FxGraphCachePickler`` normalises it only with ``device_id_agnostic``,
+which the cache does not use; on two H100s, torch 2.11, a graph compiled on ``cuda:0``
+missed on ``cuda:1``, BENCHMARKS.md), and the compiled code names its device. The lock's
+name holds the index too, so those ranks compile in parallel as without it, never one
+after the other; what they share is Triton's own cache of kernels. The lock serves ranks
+that use one device: CPU jobs (gloo), several ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -102,12 +112,13 @@ def _where(gm: Any, example_inputs: Sequence[Any], is_backward: bool) -> str:
 
 def graph_key(torch: ModuleType, gm: Any, example_inputs: Sequence[Any],
               is_backward: bool) -> str:
-    """What names a graph alike on every rank: its code and its inputs' metadata (a graph
-    alike in code with other constants waits once, then compiles: its FX key differs)."""
+    """What names a graph alike on every rank: its code and its inputs' metadata, the
+    device's index included as in Inductor's FX key (a graph alike in code with other
+    constants waits once, then compiles: its FX key differs)."""
     parts = [str(gm.code), "backward" if is_backward else "forward"]
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
-            parts.append(f"{tuple(x.shape)}|{tuple(x.stride())}|{x.dtype}|{x.device.type}")
+            parts.append(f"{tuple(x.shape)}|{tuple(x.stride())}|{x.dtype}|{x.device}")
         else:
             parts.append(repr(x))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]

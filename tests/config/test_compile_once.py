@@ -94,3 +94,25 @@ def test_ranks_whose_compiles_meet_in_a_collective_take_no_lock(torch_venv: Any,
     taken (both ranks compile, neither waits)."""
     ranks = _job(torch_venv, tmp_path, "force", in_step="1")
     assert [r["miss"] for r in ranks] == [1, 1] and all(r["waits"] == [] for r in ranks)
+
+
+def test_ranks_on_different_gpus_name_different_locks() -> None:
+    """Inductor's FX key holds the inputs' device index (on two H100s a graph compiled on
+    cuda:0 missed on cuda:1): one GPU per rank shares no entry, so the lock's name holds
+    the index too and those ranks compile in parallel; on one device they meet. Fake
+    tensors stand in for the GPUs' inputs (no GPU here)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from rocm_autopatch.config import compile_once
+
+    gm = torch.fx.symbolic_trace(lambda a: a @ a.T)
+    meta, mode = torch.empty(8, 8, device="meta"), FakeTensorMode()
+
+    def key(device: Any) -> str:
+        return compile_once.graph_key(torch, gm, [FakeTensor(mode, meta, device)], False)
+
+    assert key(torch.device("cuda", 0)) != key(torch.device("cuda", 1))
+    assert key(torch.device("cuda", 1)) == key(torch.device("cuda", 1))
+    assert key(torch.device("cuda", 0)) != compile_once.graph_key(torch, gm, [
+        FakeTensor(mode, meta, torch.device("cuda", 0))], True)  # the backward's own
