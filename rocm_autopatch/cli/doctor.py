@@ -108,6 +108,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["gemm_backends"] = gemm_backends(sys.modules.get("torch._inductor.config"))
     data["environment"] = environment_audit(report, environ)
     data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
+    data["caches"]["skipping_dynamo"] = caches.skipping_dynamo(torch_module)
     data["fixes"] = _fixes()
     data["left_out"] = profiles.LEFT_OUT
     data["pipelining"] = pipelining(probe.triton_version(), [g["arch"] for g in data["gpus"]],

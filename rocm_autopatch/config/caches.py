@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -255,3 +256,25 @@ def where_now(environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     temp = tempfile.gettempdir()
     return {"inductor": inductor, "triton": triton,
             "temporary": os.path.abspath(inductor).startswith(temp + os.sep)}
+
+
+def skipping_dynamo(torch_module: Any) -> Dict[str, str]:
+    """The running torch's ways to skip Dynamo's tracing on a warm start (what a warm start
+    still pays once the caches hit: 1.6 s of GPT-2's 2.3 s on the CPU, 4.2 s of the 1.1B
+    Llama's 6.3 s on an H200, BENCHMARKS.md), and why rocm-autopatch does not use them: each
+    keeps a graph only by dropping or failing on guards an unchanged script relies on."""
+    found: Dict[str, str] = {}
+    config = getattr(getattr(torch_module, "_dynamo", None), "config", None)
+    if config is not None and hasattr(config, "caching_precompile"):
+        found["caching_precompile"] = (
+            "not used: it drops ID_MATCH and DICT_VERSION guards (torch/_dynamo/guards.py, "
+            "\"dropped with caching_precompile=True\"), and a saved GPT-2 entry failed to "
+            "rebuild its guards on torch 2.13 (torch/_dynamo/package.py load_guard_manager)")
+    if importlib.util.find_spec("torch._dynamo.aot_compile") is not None:
+        found["aot_compile"] = (
+            "not used: torch.compile(...).aot_compile and save_compiled_function (experimental) "
+            "need fullgraph=True and guards that serialise; an unchanged transformers GPT-2 "
+            "fails with \"ID_MATCH guard cannot be serialized\" (torch 2.13, "
+            "torch/_dynamo/guards.py serialize_guards), and dropping the guards (vLLM's "
+            "guard_filter_fn) could run a stale graph")
+    return found

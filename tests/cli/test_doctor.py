@@ -103,6 +103,15 @@ def test_json_schema(torch_venv: Venv) -> None:
     assert all(fix.get("ref") for name, fix in report["fixes"].items()
                if name != "compile_watchdog")
     assert data["gpus"] == [] and data["healthy"] is True
+    # What this torch offers to skip Dynamo on a warm start, looked up on it (torch 2.13:
+    # both), each with why it is not used
+    has = torch_venv.run("import importlib.util, torch._dynamo.config as c; print("
+                         "hasattr(c, 'caching_precompile'), "
+                         "importlib.util.find_spec('torch._dynamo.aot_compile') is not None)")
+    expected = {name for name, present in zip(("caching_precompile", "aot_compile"),
+                                              has.stdout.split()) if present == "True"}
+    skipping = data["caches"]["skipping_dynamo"]
+    assert set(skipping) == expected and all("not used" in why for why in skipping.values())
 
 
 def test_profile_perf_shows_perf_without_touching_other_processes(torch_venv: Venv) -> None:
