@@ -264,13 +264,19 @@ def skipping_dynamo(torch_module: Any) -> Dict[str, str]:
     Llama's 6.3 s on an H200, BENCHMARKS.md), and why rocm-autopatch does not use them: each
     keeps a graph only by dropping or failing on guards an unchanged script relies on."""
     found: Dict[str, str] = {}
+    if torch_module is None:  # no torch (the doctor says so): nothing to look up
+        return found
     config = getattr(getattr(torch_module, "_dynamo", None), "config", None)
     if config is not None and hasattr(config, "caching_precompile"):
         found["caching_precompile"] = (
             "not used: it drops ID_MATCH and DICT_VERSION guards (torch/_dynamo/guards.py, "
             "\"dropped with caching_precompile=True\"), and a saved GPT-2 entry failed to "
             "rebuild its guards on torch 2.13 (torch/_dynamo/package.py load_guard_manager)")
-    if importlib.util.find_spec("torch._dynamo.aot_compile") is not None:
+    try:
+        aot = importlib.util.find_spec("torch._dynamo.aot_compile") is not None
+    except Exception:  # noqa: BLE001 - a torch without Dynamo (a stand-in, a broken install)
+        aot = False
+    if aot:
         found["aot_compile"] = (
             "not used: torch.compile(...).aot_compile and save_compiled_function (experimental) "
             "need fullgraph=True and guards that serialise; an unchanged transformers GPT-2 "
