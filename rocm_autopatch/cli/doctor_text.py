@@ -54,9 +54,9 @@ def _caches(data: Dict[str, Any]) -> List[str]:
     if where["temporary"]:
         out.append(f"      under a temporary directory: a new container compiles everything "
                    f"again; {settings.CACHE}=DIR keeps them in a directory you mount")
-    skipping = where.get("skipping_dynamo") or {}
     if "torch_error" in data:
         return out
+    skipping = where.get("skipping_dynamo") or {}
     out.append("  a warm start traces each compiled frame again (Dynamo); the rest comes "
                "from the caches" + ("" if skipping else
                                     ": this torch has no way to skip the tracing"))

@@ -272,9 +272,10 @@ TORCH_SMALL_MULTIPLIER, TORCH_SMALL = 3.0, 1000  # below 1,000 elements: 3 at le
 
 def _torch_passes(v: _Value, e: _Errors, tol: float) -> bool:
     """Does torch's criterion pass this value, from what the batch already read? Its first
-    test (``allclose``), or its second: compiled's RMSE against float64 within twice
-    eager's plus ``tol / 10``, which every release's multiplier allows. Where neither
-    holds (or a NaN makes it undecidable here) torch's own ``same`` decides, and words it."""
+    test (``allclose``), or its second: compiled's RMSE against float64 within the smallest
+    multiple of eager's that ``same`` allows (above) plus the smaller absolute term. Where
+    neither holds (or a NaN makes it undecidable here) torch's own ``same`` decides, and
+    words it."""
     if e.close:
         return True
     if not (isinstance(v.f, torch.Tensor) and v.f.dtype == torch.float64

@@ -340,9 +340,9 @@ class Schedule:
         began = time.perf_counter()
         values = self.magnitudes.now(flat) if self.magnitudes is not None else {}
         LEDGER.spent += time.perf_counter() - began
-        self.crossings.read_at = (n, values)
         if self._new_regime(values):
             self.crossings.call = None
+            self.crossings.read_at = (n, values)  # for this call's check
             return True
         self.crossings.again(n, values, self.checked_max)
         return False
