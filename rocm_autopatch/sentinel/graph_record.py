@@ -33,7 +33,9 @@ class GraphRecord:
     period: int = 0  # sampled checks: every period-th call (0: none yet)
     values_stride: int = 1  # magnitudes are read every stride-th call
     sampled_calls: List[int] = dataclasses.field(default_factory=list)  # the last sampled
-    budget_spent: float = 0.0  # sampled checks, as a share of the wall time since the first calls
+    # the checks after the first ones, as a share of the wall time from the first calls to
+    # the last check (the process's whole share, reads included: schedule.LEDGER)
+    budget_spent: float = 0.0
     budget: float = 0.0  # ROCM_AUTOPATCH_VERIFY_BUDGET
     checks_skipped: int = 0  # checks due that could not run (memory...)
     large_output_checked: bool = False  # a checked call had an output of 2^31 or more

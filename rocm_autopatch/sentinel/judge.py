@@ -28,10 +28,11 @@ For each value the graph returns or writes:
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
+
+from rocm_autopatch.sentinel.errors import Errors, Value, statistics
 
 # torch's tolerances for its criterion: the minifier's repro_tolerance and the benchmark
 # suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py
@@ -55,7 +56,6 @@ TIE_ULPS = 4.0  # two choices this close in float64 are a tie (argmax, compariso
 # Below this many elements the localized and systematic rules are noise (a few sums that
 # cancel): torch's criterion judges alone, with its own larger multipliers for small sizes.
 MIN_ELEMENTS = 256
-BATCH_NUMEL = 1 << 16  # values this small, of one dtype and size, are judged in one batch
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -120,103 +120,7 @@ class Allowance(NamedTuple):
 NONE = Allowance()
 
 
-class _Errors(NamedTuple):
-    """What the rules read of one value, in rounding units of its dtype (one transfer)."""
-
-    nonfinite: int  # NaN/inf in compiled where float64 is finite and representable, eager not
-    overflow: bool  # an exact value beyond the dtype's largest
-    count: int  # elements where all three are finite (the rules' elements)
-    worst_c: float  # the worst element's error, compiled and eager
-    worst_e: float
-    rms_c: float  # RMSE against float64 over eps * the value's RMS
-    rms_e: float
-    bias_c: float  # mean error times the value's sign
-    bias_e: float
-    err_c: Any = None  # compiled's error per element (a tensor, 0 outside those elements)
-    close: bool = False  # torch.allclose(eager, compiled) at the criterion's tolerance
-    torch_rmse: Tuple[float, float] = (math.nan, math.nan)  # torch's RMSEs: compiled, eager
-
-
-def _errors(f64: torch.Tensor, c64: torch.Tensor, r64: torch.Tensor, info: Any,
-            close: Optional[torch.Tensor] = None) -> List[_Errors]:
-    """The statistics of ``compiled`` and ``eager`` against ``f64``, one row per value (2-D
-    inputs: a value per row), over the elements where all three are finite and the exact
-    value is representable, computed on the device and read in one transfer. Small values
-    of one dtype and size come as one batch (a KV cache's 16 written regions): a value's
-    forty small ops, each a Python dispatch, were most of the judge's time on a GPU.
-    ``close``: torch's ``allclose`` per row, read in the same transfer."""
-    overflow = f64.abs() > info.max  # inf is the right rounding there
-    good = torch.isfinite(f64) & ~overflow
-    finite_r, finite_c = torch.isfinite(r64), torch.isfinite(c64)
-    both = good & finite_r & finite_c
-    n = both.sum(dim=1)
-    zero = torch.zeros((), dtype=torch.float64, device=f64.device)
-    fv, cv, rv = (torch.where(both, x, zero) for x in (f64, c64, r64))
-    count = n.clamp(min=1).double()
-    floor = torch.sqrt((fv * fv).sum(dim=1) / count).clamp(min=info.tiny)  # the RMS
-    unit = info.eps * torch.maximum(fv.abs(), floor[:, None])
-    err_c, err_e = (cv - fv) / unit, (rv - fv) / unit
-    sign = torch.sign(fv)
-    scale = info.eps * floor
-    none = torch.zeros(f64.shape[0], dtype=torch.float64, device=f64.device)
-    stats = torch.stack([
-        (~finite_c & good & finite_r).sum(dim=1).double(), overflow.any(dim=1).double(),
-        n.double(),
-        err_c.abs().amax(dim=1) if f64.shape[1] else none,
-        err_e.abs().amax(dim=1) if f64.shape[1] else none,
-        torch.sqrt(((cv - fv) ** 2).sum(dim=1) / count) / scale,
-        torch.sqrt(((rv - fv) ** 2).sum(dim=1) / count) / scale,
-        (err_c * sign).sum(dim=1) / count, (err_e * sign).sum(dim=1) / count,
-        none if close is None else close.double(),
-        # torch's own RMSEs (its ``rmse``: every element, NaN and inf included)
-        torch.sqrt(((c64 - f64) ** 2).mean(dim=1)), torch.sqrt(((r64 - f64) ** 2).mean(dim=1))],
-        dim=1).tolist()
-    return [_Errors(int(row[0]), bool(row[1]), int(row[2]), *row[3:9], err_c=err_c[i],
-                    close=bool(row[9]), torch_rmse=(row[10], row[11]))
-            for i, row in enumerate(stats)]
-
-
-class _Value(NamedTuple):
-    """A floating value to judge: eager's, compiled's and the float64 reference's."""
-
-    index: int
-    r: torch.Tensor
-    c: torch.Tensor
-    f: Any  # float64 reference (a tensor, or eager's value where there is none)
-
-    def truth(self) -> torch.Tensor:
-        return self.f if isinstance(self.f, torch.Tensor) else self.r
-
-
-def _all_errors(values: List[_Value], tol: float) -> Dict[int, _Errors]:
-    """Each value's statistics: values of at most ``BATCH_NUMEL`` elements, of one dtype and
-    size, in one batch; larger ones alone (stacking them would copy them). With them, the
-    first test of torch's criterion (``allclose`` of eager and compiled in their dtype),
-    where it passes the whole criterion: one transfer instead of one per value."""
-    groups: Dict[Any, List[_Value]] = {}
-    for v in values:
-        small = v.c.numel() <= BATCH_NUMEL
-        key = (v.c.dtype, v.c.numel(), v.c.device, v.truth().dtype) if small \
-            else ("alone", v.index)
-        groups.setdefault(key, []).append(v)
-    found: Dict[int, _Errors] = {}
-    for group in groups.values():
-        rows = [(torch.stack([x.reshape(-1) for x in xs]) if len(xs) > 1
-                 else xs[0].reshape(1, -1))  # one alone: a view, not a copy
-                for xs in ([v.truth() for v in group], [v.c for v in group],
-                           [v.r for v in group])]
-        close = None
-        if all(v.r.dtype == v.c.dtype and v.r.layout == torch.strided for v in group):
-            # torch._dynamo.utils.same returns True at once where this holds
-            close = torch.isclose(rows[2], rows[1], rtol=tol, atol=tol,
-                                  equal_nan=True).all(dim=1)
-        for v, e in zip(group, _errors(*(x.double() for x in rows),
-                                       torch.finfo(group[0].c.dtype), close)):
-            found[v.index] = e
-    return found
-
-
-def _floating(v: _Value, e: _Errors, tol: float, stats: Dict[str, Any], strict: bool,
+def _floating(v: Value, e: Errors, tol: float, stats: Dict[str, Any], strict: bool,
               allowed: Allowance) -> Tuple[Optional[Mismatch], bool]:
     r, c, f = v.r, v.c, v.f
     dtype = c.dtype
@@ -270,7 +174,7 @@ TORCH_MIN_MULTIPLIER = 2.0
 TORCH_SMALL_MULTIPLIER, TORCH_SMALL = 3.0, 1000  # below 1,000 elements: 3 at least
 
 
-def _torch_passes(v: _Value, e: _Errors, tol: float) -> bool:
+def _torch_passes(v: Value, e: Errors, tol: float) -> bool:
     """Does torch's criterion pass this value, from what the batch already read? Its first
     test (``allclose``), or its second: compiled's RMSE against float64 within the smallest
     multiple of eager's that ``same`` allows (above) plus the smaller absolute term. Where
@@ -287,7 +191,7 @@ def _torch_passes(v: _Value, e: _Errors, tol: float) -> bool:
     return res_error <= (1 - 1e-6) * (multiplier * ref_error + min(tol / 10.0, 1e-4))
 
 
-def _in_rounding_units(e: _Errors, dtype: Any, strict: bool, allowed: Allowance = NONE
+def _in_rounding_units(e: Errors, dtype: Any, strict: bool, allowed: Allowance = NONE
                        ) -> Tuple[Tuple[float, ...], str, str]:
     """Compiled's and eager's errors against float64 in rounding units: (worst compiled,
     worst eager, RMSE compiled, RMSE eager), and the rule they break with its detail (""
@@ -375,12 +279,12 @@ def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
                     None, 0, detail, "integer", torch_ok), torch_ok
 
 
-def _equal(values: List[_Value]) -> Dict[int, bool]:
+def _equal(values: List[Value]) -> Dict[int, bool]:
     """Which integer (or bool) values are equal in eager and compiled, values of one dtype
     and shape compared in one batch and read in one transfer (a decode step returns tens of
     0-d positions and lengths: one synchronisation, not two each). Values that differ in
     dtype, shape or layout are not equal here: the judge looks at them one by one."""
-    groups: Dict[Any, List[_Value]] = {}
+    groups: Dict[Any, List[Value]] = {}
     found: Dict[int, bool] = {}
     for v in values:
         if not (v.r.dtype == v.c.dtype and v.r.shape == v.c.shape and v.r.device == v.c.device
@@ -415,8 +319,8 @@ def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
     ``skip``: values not compared ({index: why}, uninitialised memory), in the stats.
     ``allowed``: what the graph's math functions may round (float32 values)."""
     judged: Dict[int, Tuple[Optional[Mismatch], bool]] = {}
-    floating: List[_Value] = []
-    integral: List[_Value] = []
+    floating: List[Value] = []
+    integral: List[Value] = []
     stats: Dict[str, Any] = {}
     if skip:
         stats["not_compared"] = {str(i): why for i, why in skip.items()}
@@ -429,9 +333,9 @@ def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
             if r.is_complex() and c.is_complex():
                 r, c, f = _real_pairs(r, c, f)
             if r.is_floating_point() and c.is_floating_point() and c.shape == r.shape:
-                floating.append(_Value(index, r, c, f))
+                floating.append(Value(index, r, c, f))
             else:
-                integral.append(_Value(index, r, c, f))
+                integral.append(Value(index, r, c, f))
         else:
             ok, said = torch_criterion(r, c, f, tol)
             judged[index] = (None if ok else Mismatch(
@@ -442,9 +346,9 @@ def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
         # equal integers pass torch's criterion (its allclose of equal tensors) and ours
         judged[v.index] = (None, True) if equal[v.index] else _integral(
             v.r, v.c, v.f, v.index, tol, (derived or {}).get(v.index))
-    errors = _all_errors(floating, tol)
+    found = statistics(floating, tol)
     for v in floating:
-        judged[v.index] = _floating(v, errors[v.index], tol, stats, strict, allowed)
+        judged[v.index] = _floating(v, found[v.index], tol, stats, strict, allowed)
     bad = [judged[i][0] for i in sorted(judged) if judged[i][0] is not None]
     torch_failed = [i for i in sorted(judged) if not judged[i][1]]
     return Judgement(bad, torch_failed, stats)

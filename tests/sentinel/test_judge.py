@@ -4,7 +4,8 @@ views in the references' copies."""
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Tuple
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_integers_are_compared_in_one_batch_as_torchs_criterion_would() -> None:
     one among them is caught, and values of other dtypes, shapes or empty are judged."""
     torch = pytest.importorskip("torch")
     from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.errors import Value
 
     eager = [torch.tensor(16 + i) for i in range(12)] + [
         torch.tensor([True, False]), torch.zeros(0, dtype=torch.int64),
@@ -66,7 +68,7 @@ def test_integers_are_compared_in_one_batch_as_torchs_criterion_would() -> None:
     found = judge.compare(eager, compiled, eager, judge.TOL_FORWARD)
     assert [m.index for m in found.bad] == [5], found.bad
     assert found.torch_failed == [5, 14]  # torch's criterion wants the same dtype
-    equal = judge._equal([judge._Value(i, r, c, r) for i, (r, c) in
+    equal = judge._equal([Value(i, r, c, r) for i, (r, c) in
                           enumerate(zip(eager, compiled))])
     assert equal == {**{i: True for i in range(14)}, 5: False, 14: False}
     for i in range(14):
@@ -253,6 +255,7 @@ def test_the_batched_first_test_of_torchs_criterion_agrees_with_torch() -> None:
     import torch
 
     from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.errors import Value, statistics
 
     gen = torch.Generator().manual_seed(0)
     exact = [torch.randn(512, dtype=torch.float64, generator=gen) for _ in range(6)]
@@ -265,11 +268,11 @@ def test_the_batched_first_test_of_torchs_criterion_agrees_with_torch() -> None:
     # rounded from a slightly different sum: not close at 1e-3, as near float64 as eager
     compiled[5] = (exact[5] + 1e-3 * torch.randn(512, dtype=torch.float64,
                                                  generator=gen)).to(torch.bfloat16)
-    values = [judge._Value(i, r, c, f) for i, (r, c, f) in
+    values = [Value(i, r, c, f) for i, (r, c, f) in
               enumerate(zip(eager, compiled, exact))]
-    values.append(judge._Value(6, torch.ones(3, 5), torch.ones(3, 5) + 1e-2,
-                               torch.ones(3, 5, dtype=torch.float64)))  # alone
-    errors = judge._all_errors(values, judge.TOL_FORWARD)
+    values.append(Value(6, torch.ones(3, 5), torch.ones(3, 5) + 1e-2,
+                        torch.ones(3, 5, dtype=torch.float64)))  # another dtype and size
+    errors = statistics(values, judge.TOL_FORWARD)
     tol = judge.TOL_FORWARD
     for v in values:
         close = torch.allclose(v.r, v.c, rtol=tol, atol=tol, equal_nan=True)
@@ -285,3 +288,72 @@ def test_the_batched_first_test_of_torchs_criterion_agrees_with_torch() -> None:
     # equal, and a float32 value alone off by 1e-2
     assert [errors[i].close for i in range(7)] == [True, False, False, True, False, False,
                                                    False]
+
+
+def _statistics_of_one(v: Any) -> Tuple[float, ...]:
+    """The judge's statistics of one value, written out plainly (the definitions in
+    docs/rules.md), to hold the batched reductions to."""
+    import torch
+
+    info = torch.finfo(v.c.dtype)
+    f, c, r = (x.double().reshape(-1) for x in (v.truth(), v.c, v.r))
+    overflow = f.abs() > info.max
+    good = torch.isfinite(f) & ~overflow
+    both = good & torch.isfinite(c) & torch.isfinite(r)
+    n = int(both.sum())
+    fv, cv, rv = (torch.where(both, x, 0.0) for x in (f, c, r))
+    floor = max(math.sqrt(float((fv * fv).sum()) / max(n, 1)), info.tiny)
+    unit = info.eps * torch.clamp(fv.abs(), min=floor)
+    err_c, err_e = (cv - fv) / unit, (rv - fv) / unit
+    rms = [math.sqrt(float(((x - fv) ** 2).sum()) / max(n, 1)) / (info.eps * floor)
+           for x in (cv, rv)]
+    return (int((~torch.isfinite(c) & good & torch.isfinite(r)).sum()), bool(overflow.any()),
+            n, float(err_c.abs().max()) if n else 0.0, float(err_e.abs().max()) if n else 0.0,
+            *rms, float((err_c * torch.sign(fv)).sum()) / max(n, 1),
+            float((err_e * torch.sign(fv)).sum()) / max(n, 1),
+            bool(torch.allclose(v.r, v.c, rtol=1e-3, atol=1e-3, equal_nan=True))
+            if v.r.dtype == v.c.dtype else False,
+            math.sqrt(float(((c - f) ** 2).mean())) if f.numel() else math.nan,
+            math.sqrt(float(((r - f) ** 2).mean())) if f.numel() else math.nan)
+
+
+def test_values_laid_end_to_end_get_the_statistics_each_has_alone() -> None:
+    """The judge reads every value's statistics in one batch, values of any dtype and size
+    end to end: each value's numbers are its own, as written out plainly, whatever lies
+    beside it (bf16, fp16 and float32 values, 0-d, empty, NaN, inf, an overflow, eager in
+    another dtype, a value past the batch size alone)."""
+    import torch
+
+    from rocm_autopatch.sentinel import errors
+
+    gen = torch.Generator().manual_seed(1)
+
+    def case(n: int, dtype: Any, noise: float) -> Tuple[Any, Any, Any]:
+        exact = torch.randn(n, dtype=torch.float64, generator=gen) * 3
+        compiled = exact * (1 + noise * torch.randn(n, dtype=torch.float64, generator=gen))
+        return exact.to(dtype), compiled.to(dtype), exact
+
+    cases = [case(512, torch.bfloat16, 1e-3), case(512, torch.bfloat16, 0.0),
+             case(300, torch.float16, 1e-2), case(1000, torch.float32, 1e-6),
+             case(1, torch.float32, 0.0), case(0, torch.bfloat16, 0.0),
+             case(errors.BATCH_NUMEL + 1, torch.bfloat16, 1e-3)]
+    r, c, f = cases[0]
+    c[3], r[4], c[5], r[5] = float("nan"), float("inf"), float("inf"), float("inf")
+    r, c, f = cases[2]
+    f[7] = 1e6  # beyond fp16's largest: inf is its rounding
+    r[7] = c[7] = float("inf")
+    r, c, f = cases[4]
+    cases[4] = (r.reshape(()), c.reshape(()), f.reshape(()))  # 0-d
+    r, c, f = cases[3]
+    cases[3] = (r.double(), c, f)  # eager in another dtype than compiled
+    values = [errors.Value(i, r, c, f) for i, (r, c, f) in enumerate(cases)]
+    together = errors.statistics(values, 1e-3)
+    for v in values:
+        alone = errors.statistics([v], 1e-3)[v.index]
+        expected = _statistics_of_one(v)
+        for got in (together[v.index], alone):
+            row = (got.nonfinite, got.overflow, got.count, got.worst_c, got.worst_e,
+                   got.rms_c, got.rms_e, got.bias_c, got.bias_e, got.close, *got.torch_rmse)
+            assert row == pytest.approx(expected, rel=1e-9, abs=1e-12, nan_ok=True), v.index
+            assert got.err_c.numel() == v.c.numel()
+    assert together[0].nonfinite == 1 and together[2].overflow and together[5].count == 0

@@ -142,7 +142,7 @@ def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
 def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     """A decode step's caches, alike in shape and dtype, found in one synchronisation: each
     judged at the positions any of them changed; one written a position late is caught,
-    and a cache of another shape keeps its own positions."""
+    and a cache of another shape keeps its own positions; strides do not matter."""
     torch = pytest.importorskip("torch")
     from rocm_autopatch.sentinel import judge
     from rocm_autopatch.sentinel.check import written_regions
@@ -153,6 +153,8 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
         eager, compiled, fp64 = before.clone(), before.clone(), before.double()
         eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
         fp64[:, :, 5:6] = exact
+        if layer == 1:  # the same values in other strides: judged in logical order
+            compiled = compiled.transpose(1, 3).contiguous().transpose(1, 3)
         if layer == 2:
             compiled = before.clone()
             compiled[:, :, 6:7] = exact.bfloat16()  # one position late
@@ -180,3 +182,35 @@ def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
     (whole,) = written_regions([(before, everywhere, everywhere.clone(),
                                  everywhere.double())])
     assert whole[1].shape == before.shape
+
+
+def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> None:
+    """Eager and float64 run in inference mode (no autograd bookkeeping per op), on copies
+    of what the graph writes. A graph that fails there (here: it reads a version counter,
+    which inference tensors lack) is run again under ``no_grad`` on fresh copies, and from
+    then on: what the failed run wrote is not seen."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import check, snapshot
+    from rocm_autopatch.sentinel.graph import Graph
+
+    def writes(x: Any, cache: Any) -> Any:
+        cache.add_(1)
+        return x.sin()
+
+    def refuses(x: Any, cache: Any) -> Any:
+        cache.add_(1)
+        return x.sin() + (x * 2)._version
+
+    x, cache = torch.randn(4), torch.zeros(4)
+    flat = [x, cache]
+    pre = snapshot.Snapshot(flat, frozenset({1}))
+    for fn, inference in ((writes, True), (refuses, False)):
+        graph = Graph(torch.fx.symbolic_trace(fn), fn, "t/0", "test", "check", 1, 0.01)
+        eager_inputs, inputs64, ref, ref64, _ = check.reference_runs(graph, flat, pre)
+        assert graph.inference_mode is inference and ref.is_inference() is inference
+        assert torch.equal(eager_inputs[1], torch.ones(4)), fn.__name__  # written once
+        assert inputs64[1].dtype == torch.float64 and torch.equal(cache, torch.zeros(4))
+        assert ref64.dtype == torch.float64
+    assert torch.allclose(torch.sin(x.double()), check.reference_runs(
+        Graph(torch.fx.symbolic_trace(writes), writes, "t/1", "test", "check", 1, 0.01),
+        flat, pre)[3])
