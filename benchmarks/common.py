@@ -35,6 +35,25 @@ with torch.device("cuda"):
 ids = torch.randint(0, 32000, (1, 512), device="cuda")
 """
 
+# The decode loop of issue 32, as child code (needs ``layers``): TinyLlama's widths with
+# ``layers`` layers, random weights, bf16, a static KV cache, ``forward`` compiled as a user
+# would (transformers' own compile off); defines t, cfg, model, prompt (16 tokens) and
+# generate(n) (greedy, exactly n new tokens).
+DECODE_LLAMA = """
+torch.manual_seed(0)
+cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
+                    max_position_embeddings=2048)
+with torch.device("cuda"):
+    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+model.generation_config.cache_implementation = "static"
+model.generation_config.disable_compile = True
+model.forward = torch.compile(model.forward)
+prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
+def generate(n):
+    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                          pad_token_id=0)
+"""
 
 def child_env(**arm: str) -> Dict[str, str]:
     """This environment without any variable that would change torch or us, plus ``arm``."""

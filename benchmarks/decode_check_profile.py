@@ -19,24 +19,12 @@ import argparse
 import json
 import sys
 
-from common import meta, run_arm
+from common import DECODE_LLAMA, meta, run_arm
 
 CHILD = r"""
 import json, sys, time, torch, transformers as t
 layers, checks, alternate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
-                    max_position_embeddings=2048)
-with torch.device("cuda"):
-    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-model.generation_config.cache_implementation = "static"
-model.generation_config.disable_compile = True
-model.forward = torch.compile(model.forward)
-prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
-def generate(n):
-    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=0)
+""" + DECODE_LLAMA + r"""
 import rocm_autopatch
 from rocm_autopatch.sentinel import check, graph as G, judge, magnitudes, schedule, snapshot
 phases, ledger, state = {}, {}, {"sync": False, "force": 0, "n": 0}

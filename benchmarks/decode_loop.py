@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 
-from common import meta, run_arm
+from common import DECODE_LLAMA, meta, run_arm
 
 CHILD = r"""
 import json, math, sys, time, torch, transformers as t
@@ -37,19 +37,7 @@ if bug_at:
     def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)
         return torch.sin(x + math.pi / 2) * torch.where(x.abs() >= bug_at, 1.5, 1.0)
     d.decompositions[torch.ops.aten.cos.default] = bad_cos
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
-                    max_position_embeddings=2048)
-with torch.device("cuda"):
-    model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-model.generation_config.cache_implementation = "static"
-model.generation_config.disable_compile = True  # we compile, as a user would
-model.forward = torch.compile(model.forward)
-prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
-def generate(n):
-    return model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=0)
+""" + DECODE_LLAMA + r"""
 import rocm_autopatch
 from rocm_autopatch.sentinel import schedule
 with torch.no_grad():
