@@ -250,8 +250,9 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
 
 def reference_runs(graph: Graph, flat: List[Any], pre: Any) -> Tuple[Any, ...]:
     """Eager's and float64's inputs and results, and the float64 values the judge keeps.
-    Run in inference mode: without autograd's bookkeeping per op a decode check took 12%
-    less on an H200 (BENCHMARKS.md). Its results never reach the program (``fallback``
+    Run in inference mode: without autograd's bookkeeping per op a decode step's
+    references took 6% less on an H100, alternating the two modes check by check
+    (BENCHMARKS.md). Its results never reach the program (``fallback``
     runs the graph again on the program's own tensors). A graph that refuses inference
     mode (an op that will not take its tensors) runs under ``no_grad`` from then on."""
     import torch

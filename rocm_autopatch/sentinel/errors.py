@@ -6,8 +6,9 @@ A value's statistics are reductions over its elements; values are laid end to en
 segment each) and every reduction is one ``index_add_`` or ``scatter_reduce_`` over the
 segments, so the number of ops does not grow with the number of values or of their dtypes
 and sizes. On a GPU each op is a Python dispatch and a launch: a decode step's logits and
-16 written cache regions took two batches of some 85 ops each (3.4 ms of a 29 ms check on
-an H200, BENCHMARKS.md); laid end to end they take one of about 60.
+16 written cache regions took two batches of some 85 ops each; laid end to end they take one
+of about 60 (the judge 2.8 ms before, 2.0 after, of a 21 ms check on an H100,
+BENCHMARKS.md).
 """
 
 from __future__ import annotations
