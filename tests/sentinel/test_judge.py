@@ -317,7 +317,8 @@ def _statistics_of_one(v: Any) -> Tuple[float, ...]:
             math.sqrt(float(((r - f) ** 2).mean())) if f.numel() else math.nan)
 
 
-def test_values_laid_end_to_end_get_the_statistics_each_has_alone() -> None:
+def test_values_laid_end_to_end_get_the_statistics_each_has_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The judge reads every value's statistics in one batch, values of any dtype and size
     end to end: each value's numbers are its own, as written out plainly, whatever lies
     beside it (bf16, fp16 and float32 values, 0-d, empty, NaN, inf, an overflow, eager in
@@ -348,10 +349,12 @@ def test_values_laid_end_to_end_get_the_statistics_each_has_alone() -> None:
     cases[3] = (r.double(), c, f)  # eager in another dtype than compiled
     values = [errors.Value(i, r, c, f) for i, (r, c, f) in enumerate(cases)]
     together = errors.statistics(values, 1e-3)
+    monkeypatch.setattr(errors, "BATCH_ELEMENTS", 1000)  # batches of a few values each
+    split = errors.statistics(values, 1e-3)
     for v in values:
         alone = errors.statistics([v], 1e-3)[v.index]
         expected = _statistics_of_one(v)
-        for got in (together[v.index], alone):
+        for got in (together[v.index], split[v.index], alone):
             row = (got.nonfinite, got.overflow, got.count, got.worst_c, got.worst_e,
                    got.rms_c, got.rms_e, got.bias_c, got.bias_e, got.close, *got.torch_rmse)
             assert row == pytest.approx(expected, rel=1e-9, abs=1e-12, nan_ok=True), v.index
