@@ -254,11 +254,12 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any) -> Tuple[Any, ...]:
     references took 6% less on an H100, alternating the two modes check by check
     (BENCHMARKS.md). Its results never reach the program (``fallback``
     runs the graph again on the program's own tensors). A graph that refuses inference
-    mode (an op that will not take its tensors) runs under ``no_grad`` from then on."""
+    mode (an op that will not take its tensors), and runs under ``no_grad``, is run so from
+    then on; running out of memory says nothing of that, and is not retried."""
     import torch
 
+    inference = graph.inference_mode
     while True:
-        inference = graph.inference_mode
         made, made64 = pre.make(), pre.make(fp64=True)  # fresh: a failed run wrote them
         eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
         inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
@@ -267,11 +268,13 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any) -> Tuple[Any, ...]:
             with torch.inference_mode() if inference else torch.no_grad():
                 ref = graph.eager_run(*eager_inputs)
                 ref64 = graph.fp64_run(*inputs64, kept=kept)
-            return eager_inputs, inputs64, ref, ref64, kept
-        except Exception:
-            if not inference:
+        except Exception as exc:
+            if not inference or memory.out_of_memory(exc):
                 raise
-            graph.inference_mode = False
+            inference = False
+            continue
+        graph.inference_mode = inference
+        return eager_inputs, inputs64, ref, ref64, kept
 
 
 Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled, float64

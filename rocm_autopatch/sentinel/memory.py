@@ -17,6 +17,12 @@ def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:160]
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Did ``exc`` come from an allocation that failed (a device's ``OutOfMemoryError``, the
+    CPU allocator's "can't allocate memory")?"""
+    return type(exc).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(exc)
+
+
 def release() -> None:
     """After a check that failed for memory: give the cached blocks back (torch keeps freed
     blocks in its caching allocator)."""

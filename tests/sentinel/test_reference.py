@@ -188,9 +188,9 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     """Eager and float64 run in inference mode (no autograd bookkeeping per op), on copies
     of what the graph writes. A graph that fails there (here: it reads a version counter,
     which inference tensors lack) is run again under ``no_grad`` on fresh copies, and from
-    then on: what the failed run wrote is not seen."""
+    then on: what the failed run wrote is not seen. Running out of memory is not retried."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import check, snapshot
+    from rocm_autopatch.sentinel import check, memory, snapshot
     from rocm_autopatch.sentinel.graph import Graph
 
     def writes(x: Any, cache: Any) -> Any:
@@ -214,3 +214,13 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     assert torch.allclose(torch.sin(x.double()), check.reference_runs(
         Graph(torch.fx.symbolic_trace(writes), writes, "t/1", "test", "check", 1, 0.01),
         flat, pre)[3])
+
+    def too_large(x: Any, cache: Any) -> Any:  # 4 TiB: the allocator refuses it
+        return x + torch.empty(x.shape[0] * 2**38)[:4]
+
+    # running out of memory says nothing of inference mode: raised, not retried, not flipped
+    graph = Graph(torch.fx.symbolic_trace(too_large), too_large, "t/2", "test", "check", 1,
+                  0.01)
+    with pytest.raises(RuntimeError, match="allocate") as raised:
+        check.reference_runs(graph, flat, pre)
+    assert memory.out_of_memory(raised.value) and graph.inference_mode

@@ -108,7 +108,10 @@ def test_a_cache_write_near_the_memory_limit_is_skipped_not_fatal(torch_venv: Ve
     # graph stays watched (a later call with memory to spare would be checked).
     assert out["ok"] and out["status"] == "passed", out
     assert out["skipped"] == 1 and out["checked"] == 1, out
-    assert "could not be copied" in out["reason"] or "would need" in out["reason"], out
+    # where the copy found room (memory the first check left to the collector came back),
+    # the references' own copies do not, and are skipped the same way
+    assert ("could not be copied" in out["reason"] or "would need" in out["reason"]
+            or "reference failed" in out["reason"] and "allocate" in out["reason"]), out
 
 
 EFFECTS = r'''
