@@ -56,19 +56,18 @@ def statistics(values: List[Value], tol: float) -> Dict[int, Errors]:
     one device go end to end in batches of up to ``BATCH_ELEMENTS``; larger ones alone
     (a view where it can be, never a copy of a large output)."""
     batches: List[List[Value]] = []
-    open_batches: Dict[Any, Tuple[List[Value], List[int]]] = {}
+    filling: Dict[Any, List[Value]] = {}  # by device: the batch being filled
+    sizes: Dict[Any, int] = {}  # its elements
     for v in values:
-        numel = v.c.numel()
+        numel, device = v.c.numel(), v.c.device
         if numel > BATCH_NUMEL:
             batches.append([v])
             continue
-        batch, size = open_batches.get(v.c.device, (None, [0]))
-        if batch is None or size[0] + numel > BATCH_ELEMENTS:
-            batch, size = [], [0]
-            batches.append(batch)
-            open_batches[v.c.device] = (batch, size)
-        batch.append(v)
-        size[0] += numel
+        if device not in filling or sizes[device] + numel > BATCH_ELEMENTS:
+            filling[device], sizes[device] = [], 0
+            batches.append(filling[device])
+        filling[device].append(v)
+        sizes[device] += numel
     found: Dict[int, Errors] = {}
     for batch in batches:
         found.update(_batch(batch, tol))
@@ -80,11 +79,11 @@ def _end_to_end(parts: List[torch.Tensor]) -> torch.Tensor:
                                                                    for p in parts])
 
 
-def _runs(values: List[Value], tol: float) -> Tuple[torch.Tensor, ...]:
-    """The batch's float64, compiled and eager elements end to end (as float64), and
-    whether eager and compiled are close there (torch's ``allclose``, in their own
-    dtype: torch computes it there). Values of one set of dtypes are laid out together
-    so that each run is concatenated once in its own dtype."""
+def _runs(values: List[Value], tol: float) -> Tuple[List[Value], Tuple[torch.Tensor, ...]]:
+    """The batch's values in the order they are laid out, and their float64, compiled and
+    eager elements end to end (as float64) with whether eager and compiled are close there
+    (torch's ``allclose``, in their own dtype: torch computes it there). Values of one set
+    of dtypes are laid out together so that each run is concatenated once in its dtype."""
     runs: Dict[Any, List[Value]] = {}
     for v in values:
         runs.setdefault((v.c.dtype, v.r.dtype, v.truth().dtype), []).append(v)
@@ -97,27 +96,26 @@ def _runs(values: List[Value], tol: float) -> Tuple[torch.Tensor, ...]:
         f_parts.append(f.double())
         c_parts.append(c.double())
         r_parts.append(r.double())
-    values[:] = [v for run in runs.values() for v in run]  # in the order laid out
-    return tuple(_end_to_end(parts) for parts in (f_parts, c_parts, r_parts, close_parts))
+    return ([v for run in runs.values() for v in run],
+            tuple(_end_to_end(parts) for parts in (f_parts, c_parts, r_parts, close_parts)))
 
 
 def _batch(values: List[Value], tol: float) -> Dict[int, Errors]:
     """The statistics of one batch: values end to end, each a segment, over the elements
     where all three are finite and the exact value is representable; read in one
     transfer."""
-    values = list(values)
-    f64, c64, r64, close_el = _runs(values, tol)
+    values, (f64, c64, r64, close_el) = _runs(values, tol)
     device = f64.device
     counts = [v.c.numel() for v in values]
     segments = len(values)
     infos = [torch.finfo(v.c.dtype) for v in values]
-    # per value: its dtype's rounding unit, smallest normal and largest, and its size
+    # per value: its dtype's rounding unit, smallest normal and largest, and its size (one
+    # transfer to the device)
     per_value = torch.tensor([[i.eps for i in infos], [i.tiny for i in infos],
                               [i.max for i in infos], counts], dtype=torch.float64,
                              device=device)
     seg = torch.repeat_interleave(torch.arange(segments, device=device),
-                                  torch.tensor(counts, device=device),
-                                  output_size=len(f64))
+                                  per_value[3].long(), output_size=len(f64))
     eps_el, big_el = per_value[0::2][:, seg]  # (eps, max) per element
 
     def sums(*rows: torch.Tensor) -> torch.Tensor:

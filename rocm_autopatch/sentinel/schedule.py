@@ -410,7 +410,7 @@ def coverage(plan: Schedule) -> Dict[str, Any]:
                    "stopped": plan.magnitudes.stopped if plan.magnitudes else ""},
         "period": plan.period, "budget": plan.budget, "values_stride": plan.stride,
         "sampled_calls": list(plan.sampled_calls),
-        "budget_spent": _share_since(plan.spent, plan.clock),  # until now (the last check)
+        "budget_spent": _share_since(plan.spent, plan.clock),  # until now (graph_record)
         "checks_skipped": plan.skipped,
         "large_output_checked": plan.large_output_checked,
     }
