@@ -26,21 +26,22 @@ import json, sys, time, torch, transformers as t
 layers, checks, alternate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
-from rocm_autopatch.sentinel import check, graph as G, judge, magnitudes, schedule, snapshot
+from rocm_autopatch.sentinel import check, judge, magnitudes, schedule, snapshot
 phases, ledger, state = {}, {}, {"sync": False, "force": 0, "n": 0}
+def clocked(label, fn, *a, **k):
+    # fn(*a, **k), timed between two synchronisations in the profiled generation
+    if not state["sync"]:
+        return fn(*a, **k)
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    try:
+        return fn(*a, **k)
+    finally:
+        torch.cuda.synchronize()
+        phases.setdefault(label, []).append((time.perf_counter() - began) * 1e3)
 def timed(owner, name, label):
     fn = getattr(owner, name)
-    def run(*a, **k):
-        if state["sync"]:
-            torch.cuda.synchronize()
-        began = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            if state["sync"]:
-                torch.cuda.synchronize()
-                phases.setdefault(label, []).append((time.perf_counter() - began) * 1e3)
-    setattr(owner, name, run)
+    setattr(owner, name, lambda *a, **k: clocked(label, fn, *a, **k))
 for step in ("not_copied", "wrote_unforeseen", "too_large", "compare", "verdict"):
     timed(check.Check, step, step)
 timed(check, "timed", "whole check")
@@ -50,15 +51,11 @@ timed(snapshot.Snapshot, "make", "copies for the references")
 timed(magnitudes.Magnitudes, "now", "magnitudes read at once")
 runs = getattr(check, "reference_runs", None)  # (releases before it: not timed apart)
 def reference_runs(graph, flat, pre):
-    if alternate:
+    if alternate and state["sync"]:
         state["n"] += 1
         graph.inference_mode = state["n"] % 2 == 1
     label = "references (inference mode)" if graph.inference_mode else "references (no_grad)"
-    torch.cuda.synchronize(); began = time.perf_counter()
-    out = runs(graph, flat, pre)
-    torch.cuda.synchronize()
-    phases.setdefault(label, []).append((time.perf_counter() - began) * 1e3)
-    return out
+    return clocked(label, runs, graph, flat, pre)
 if runs is not None:
     check.reference_runs = reference_runs
 S = schedule.Schedule
@@ -82,11 +79,10 @@ def _checked(self, why, *a, **k):
         self.period, self.owed = state["force"], 0
     return out
 S._costs, S._crossed, S.checked = _costs, _crossed, _checked
-plans = []
+plans = set()
 due = S.due
 def _due(self, flat):
-    if self not in plans:
-        plans.append(self)
+    plans.add(self)
     return due(self, flat)
 S.due = _due
 with torch.no_grad():
