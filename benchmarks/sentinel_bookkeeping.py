@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from rocm_autopatch.sentinel import magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
 
 
 def main() -> int:

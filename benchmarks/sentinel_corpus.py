@@ -1,5 +1,5 @@
 """The numerics sentinel's corpus: healthy programs and injected miscompiles, judged by
-torch's criterion alone and by the sentinel's (rocm_autopatch/sentinel/judge.py).
+torch's criterion alone and by the sentinel's (rocm_autopatch/sentinel/judging/judge.py).
 
     python benchmarks/sentinel_corpus.py [--device cpu|cuda] [--only NAME...] [--json PATH]
 

@@ -7,7 +7,7 @@ change record only when asked.
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~10 ms at start-up
 if TYPE_CHECKING:
-    from rocm_autopatch.reporting.record import Report
+    from rocm_autopatch.record import Report
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "report"]
@@ -15,6 +15,6 @@ __all__ = ["__version__", "report"]
 
 def report() -> "Report":
     """The record of what rocm-autopatch did in this process (see ``record.Report``)."""
-    from rocm_autopatch.reporting import record
+    from rocm_autopatch import record
 
     return record.REPORT

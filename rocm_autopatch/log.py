@@ -15,8 +15,7 @@ import threading
 from typing import Any, Hashable, Optional, Set
 
 from _rocm_autopatch_start import say
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import record, settings
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR, "off": logging.CRITICAL + 10}

@@ -28,7 +28,7 @@ def _setting(which: str) -> str:
     """A path of ``settings`` (``KFD_TOPOLOGY``, ``CGROUP_ROOT``; "" unset): where tests put
     a fake topology or cgroup tree. Loaded only here: deciding whether this is a ROCm build
     must not load the settings on every other build."""
-    from rocm_autopatch.config import settings
+    from rocm_autopatch import settings
 
     return (settings.raw(getattr(settings, which)) or "").strip()
 

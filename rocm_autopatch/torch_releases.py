@@ -194,3 +194,14 @@ def artifact_loggers(suffix: str) -> List[logging.Logger]:
     registry = getattr(internal, "log_registry", None)
     names = getattr(registry, "get_artifact_log_qnames", lambda: ())()
     return [logging.getLogger(n) for n in sorted(names) if n.endswith(f".__{suffix}")]
+
+
+def compile_id() -> str:
+    """torch's id of the compile under way ("0/1", as TORCH_LOGS shows it); "" outside one."""
+    try:
+        from torch._guards import CompileContext
+
+        found = CompileContext.current_compile_id()
+        return str(found) if found is not None else ""
+    except Exception:  # noqa: BLE001 - older layouts: no id
+        return ""

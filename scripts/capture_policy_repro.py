@@ -18,9 +18,8 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
-from rocm_autopatch import torch_releases
+from rocm_autopatch import record, torch_releases
 from rocm_autopatch.guards import capture, compile_frame
-from rocm_autopatch.reporting import record
 
 STATE = {"capturing": False}
 COMPILED = []  # one entry per graph Inductor really compiled: the dtype of its input

@@ -18,9 +18,8 @@ import sys
 import torch
 import torch._dynamo.convert_frame as cf
 
-from rocm_autopatch import torch_releases
+from rocm_autopatch import record, torch_releases
 from rocm_autopatch.guards import capture, compile_frame
-from rocm_autopatch.reporting import record
 
 RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you "
              "need this call to be captured, please file an issue.")

@@ -131,7 +131,7 @@ if MODE == "train":
 if __name__ == "__main__":  # not when a forkserver preloads this module
     import atexit  # what this process armed, read at the end
 
-    import rocm_autopatch.reporting.record as record
+    import rocm_autopatch.record as record
 
     metrics = getattr(torch._dynamo.utils, "_compilation_metrics", ())
     print(json.dumps({"pid": os.getpid(), "armed": record.COMPILE is not None,

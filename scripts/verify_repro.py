@@ -228,7 +228,7 @@ if __name__ == "__main__":
     print(json.dumps({"out": result, "verify": rocm_autopatch.report().verify,
                       "loaded": sorted(m for m in sys.modules
                                        if m in ("rocm_autopatch.sentinel.watch",
-                                                "rocm_autopatch.sentinel.numerics")),
+                                                "rocm_autopatch.sentinel.runs.numerics")),
                       "compile_fx_wrapped": getattr(getattr(
                           sys.modules.get("torch._inductor.compile_fx"), "compile_fx", None),
                           "__rocm_autopatch__", False)}))

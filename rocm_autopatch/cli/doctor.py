@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, List, Optional
 
-from rocm_autopatch.config import caches, profiles, settings
+from rocm_autopatch import settings
+from rocm_autopatch.config import caches, profiles
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
 # and why (with the public evidence). The key that neutralises each: the safe profile's.
@@ -78,9 +79,8 @@ def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
         settings.export(settings.PROFILE, profile)  # this process only
-    from rocm_autopatch import probe
+    from rocm_autopatch import probe, record
     from rocm_autopatch.cli import installation
-    from rocm_autopatch.reporting import record
     from rocm_autopatch.startup import bootstrap
 
     environ = settings.environment()  # as the shell set it: torch's import adds some
@@ -199,31 +199,21 @@ def gemm_backends(config: Any) -> Dict[str, Any]:
 def _numerics_sentinel(record: Any) -> None:
     """The sentinel's line: installed where the variable asks for it (its hook fires when
     Inductor's compile_fx is imported), otherwise said to be off."""
-    from rocm_autopatch import log
-    from rocm_autopatch.sentinel import status
+    from rocm_autopatch import log, sentinel
 
     if record.REPORT.active and log.setting(settings.VERIFY) != "off":
         try:
             import torch._inductor.compile_fx  # noqa: F401 - the hook installs the sentinel
         except Exception:  # noqa: BLE001 - a broken torch is reported elsewhere
             pass
-    if status.NAME not in record.REPORT.fixes:
-        record.fix(status.NAME, record.OFF, f"{settings.VERIFY} is unset: compiled graphs are "
+    if sentinel.NAME not in record.REPORT.fixes:
+        record.fix(sentinel.NAME, record.OFF, f"{settings.VERIFY} is unset: compiled graphs are "
                    "not compared with eager (check: warn about a graph that computes wrong "
-                   "numbers; fallback: also run it eagerly)", status.REF)
+                   "numbers; fallback: also run it eagerly)", sentinel.REF)
 
 
 def _fixes() -> Dict[str, Any]:
     """The remembered fixes (``rocm-autopatch bisect``), and which apply here."""
-    from rocm_autopatch.sentinel import fixes
+    from rocm_autopatch import sentinel
 
-    where = fixes.path()
-    try:
-        now = fixes.here()
-    except Exception:  # noqa: BLE001 - no torch: nothing can apply
-        now = None
-    listed = []
-    for fix in fixes.load(where):
-        listed.append({**fix, "what": fixes.describe(fix["change"]),
-                       "stale": fixes.stale(fix, now) if now else "torch is not importable"})
-    return {"store": where, "fixes": listed}
+    return sentinel.remembered()

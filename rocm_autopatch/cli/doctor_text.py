@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 from rocm_autopatch.text import Verbatim, fit
 
 

@@ -17,7 +17,7 @@ from importlib import metadata
 from typing import Any, Dict, List
 
 import _rocm_autopatch_start
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 DIST_NAME = "rocm-autopatch"
 PTH, START, MODULE = "rocm_autopatch.pth", "rocm_autopatch.start", "_rocm_autopatch_start.py"

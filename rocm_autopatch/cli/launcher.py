@@ -122,7 +122,7 @@ def command(argv: Sequence[str]) -> List[str]:
 
 
 def main(argv: Sequence[str], profile: Optional[str]) -> NoReturn:
-    from rocm_autopatch.config import settings  # here: the target process imports this module
+    from rocm_autopatch import settings  # here: the target process imports this module
 
     env = settings.environment()
     if profile:

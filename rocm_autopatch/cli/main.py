@@ -17,14 +17,17 @@ import sys
 from typing import Optional, Sequence
 
 from _rocm_autopatch_start import say
+from rocm_autopatch import settings
 from rocm_autopatch.cli import doctor, doctor_text
-from rocm_autopatch.config import profiles, settings
+from rocm_autopatch.config import profiles
 from rocm_autopatch.text import fit
 
 
 def _report(paths: Sequence[str], as_json: bool) -> int:
+    from rocm_autopatch import sentinel
     from rocm_autopatch.reporting import view
 
+    view.register(sentinel.report_part())  # the sections the concerns write of their own
     reports, problems = view.load(paths)
     for problem in problems:
         say(f"rocm-autopatch doctor: {problem}\n")
@@ -38,27 +41,27 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
 
 
 def _bisect(folder: str, limit: float, remember: bool, as_json: bool) -> int:
-    from rocm_autopatch.sentinel import bisect
+    from rocm_autopatch import sentinel
 
     if not os.path.isfile(os.path.join(folder, "repro.py")):
         say(f"rocm-autopatch bisect: {folder} has no repro.py; give a directory the numerics "
             f"sentinel wrote (its warning names it; {settings.VERIFY_DIR})\n")
         return 2
-    result = bisect.run(folder, limit, lambda line: say(line + "\n"), remember)
+    result = sentinel.bisect(folder, limit, lambda line: say(line + "\n"), remember)
     sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n" if as_json else
-                     "\n".join(bisect.lines(result)) + "\n")
+                     "\n".join(sentinel.bisect_lines(result)) + "\n")
     return {"found": 0, "not found": 1, "not reproduced": 1}.get(result["status"], 2)
 
 
 def _forget(fingerprint: Optional[str], everything: bool) -> int:
-    from rocm_autopatch.sentinel import fixes
+    from rocm_autopatch import sentinel
 
     if not fingerprint and not everything:
         say("rocm-autopatch forget: name a graph (its fingerprint, as the doctor lists it) "
             "or --all\n")
         return 2
-    where = fixes.path()
-    gone = fixes.forget(None if everything else fingerprint)
+    where = sentinel.fixes_path()
+    gone = sentinel.forget(None if everything else fingerprint)
     sys.stdout.write(f"forgot {gone} fix{'es' if gone != 1 else ''}"
                      f"{f' ({where})' if where else ''}\n")
     return 0

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from _rocm_autopatch_start import say
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 CHECKS = ("compile", "capture", "numerics")
 LIMIT_S = 240  # per check: the whole run stays within a few minutes

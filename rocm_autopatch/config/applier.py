@@ -16,10 +16,9 @@ import threading
 from types import ModuleType
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from rocm_autopatch import torch_releases
-from rocm_autopatch.config import profiles, settings
-from rocm_autopatch.reporting import record
-from rocm_autopatch.reporting.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
+from rocm_autopatch import record, settings, torch_releases
+from rocm_autopatch.config import profiles
+from rocm_autopatch.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
 
 Warn = Callable[[Any, str], Any]
 Wanted = Tuple[profiles.Setting, str, Any, str]  # the rule, torch's name, value, source

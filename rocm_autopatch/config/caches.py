@@ -43,9 +43,7 @@ import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import files, log, probe
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import files, log, probe, record, settings
 
 NAME = "compile_cache"  # its entry in report().fixes
 HEADERS = "precompiled_headers"  # the headers' entry in report().fixes, and their folder

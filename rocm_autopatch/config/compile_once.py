@@ -48,8 +48,7 @@ import time
 from types import ModuleType
 from typing import Any, List, Optional, Sequence
 
-from rocm_autopatch import files, log, patching
-from rocm_autopatch.reporting import record
+from rocm_autopatch import files, log, patching, record
 
 NAME = "compile_once"  # its entry in report().fixes
 REF = ("torch/_inductor/compile_fx.py _compile_fx_inner (FxGraphCache lookup, compile, "

@@ -29,8 +29,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any, Dict, Optional
 
-from rocm_autopatch import log, patching
-from rocm_autopatch.reporting import record
+from rocm_autopatch import log, patching, record
 
 NAME = "coordesc_reuse"  # its entry in report().fixes
 REF = ("pytorch#172819, pytorch PR 173391, PR 181292; torch/_inductor/runtime/"

@@ -13,10 +13,9 @@ import typing
 from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from rocm_autopatch import torch_releases
-from rocm_autopatch.config import settings
-from rocm_autopatch.config.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
-from rocm_autopatch.config.settings import override_var as var_name
+from rocm_autopatch import settings, torch_releases
+from rocm_autopatch.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
+from rocm_autopatch.settings import override_var as var_name
 
 PREFIX = OVERRIDE_PREFIX
 # Seed 000's names whose key isn't simply the upper-cased name.

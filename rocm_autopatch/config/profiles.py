@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, NamedTuple, Tuple
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 
 class Setting(NamedTuple):

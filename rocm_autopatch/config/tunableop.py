@@ -38,9 +38,8 @@ import time
 from types import ModuleType
 from typing import Dict, List, Optional, Tuple
 
-from rocm_autopatch import files, log, probe
-from rocm_autopatch.config import caches, settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import files, log, probe, record, settings
+from rocm_autopatch.config import caches
 
 NAME = "tunableop"  # its entry in report().fixes
 PREFIX = "PYTORCH_TUNABLEOP_"

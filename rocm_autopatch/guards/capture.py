@@ -29,9 +29,7 @@ import threading
 import types
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
-from rocm_autopatch import frames, log, patching, torch_releases
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import frames, log, patching, record, settings, torch_releases
 
 ENV = settings.COMPILE_IN_CAPTURE
 POLICY = "capture_policy"

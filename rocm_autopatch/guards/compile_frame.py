@@ -22,9 +22,8 @@ import types
 from time import perf_counter
 from typing import Any, Callable, Optional, Tuple
 
-from rocm_autopatch import frames, patching, torch_releases
+from rocm_autopatch import frames, patching, record, torch_releases
 from rocm_autopatch.guards import capture, watchdog
-from rocm_autopatch.reporting import record
 
 _lock = threading.Lock()
 _current = threading.local()
@@ -34,17 +33,6 @@ def current() -> Optional[Tuple[str, int, str]]:
     """(file, first line, name) of the frame this thread is compiling, if any (the numerics
     sentinel names its graphs with it)."""
     return getattr(_current, "where", None)
-
-
-def compile_id() -> str:
-    """torch's id of the compile under way ("0/1", as TORCH_LOGS shows it); "" outside one."""
-    try:
-        from torch._guards import CompileContext
-
-        found = CompileContext.current_compile_id()
-        return str(found) if found is not None else ""
-    except Exception:  # noqa: BLE001 - older layouts: no id
-        return ""
 
 
 def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,

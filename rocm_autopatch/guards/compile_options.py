@@ -32,9 +32,8 @@ import threading
 from types import ModuleType
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from rocm_autopatch import frames, log, patching
-from rocm_autopatch.config import profiles, settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import frames, log, patching, record, settings
+from rocm_autopatch.config import profiles
 
 ENV_ALLOW_GRAPHS = settings.ALLOW_GRAPHS
 ENV_KEEP_TUNING = settings.KEEP_TUNING

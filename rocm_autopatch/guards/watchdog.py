@@ -20,19 +20,15 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
-from rocm_autopatch import frames, log
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import record
+from rocm_autopatch import frames, log, record, settings
 
 ENV = settings.WATCHDOG
 NAME = "compile_watchdog"
 _lock = threading.Lock()
 _compiles: Dict[Tuple[str, int, str], int] = {}  # (file, line, name) -> compiles so far
 _ids = itertools.count(1)
-# Each warning given: {"where", "seconds", "compile"} (the compile report lists them).
-fired: List[Dict[str, Any]] = []
 
 
 def _settings() -> str:
@@ -54,7 +50,8 @@ def _warn(call_id: int, where: Tuple[str, int, str], seconds: float) -> None:
     label = frames.label(*where)
     with _lock:
         count = _compiles.get(where, 1)
-        fired.append({"where": label, "seconds": seconds, "compile": count})
+    if record.COMPILE is not None:  # the compile report lists each warning given
+        record.COMPILE.slow_compile({"where": label, "seconds": seconds, "compile": count})
     log.warn_once(
         (NAME, call_id),
         f"torch.compile has spent {seconds:g} s compiling {label}, "

@@ -39,11 +39,9 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import frames, log, patching, torch_releases
-from rocm_autopatch.config import settings
-from rocm_autopatch.guards import compile_frame
+from rocm_autopatch import frames, log, patching, settings, torch_releases
 from rocm_autopatch.reporting import breaks
 
 ENV = settings.REPORT
@@ -86,6 +84,7 @@ class Collector:
         self.limit_hits: Dict[str, int] = {}
         self.failures: Dict[Tuple[str, str], int] = {}
         self.backward: Dict[str, Dict[str, Any]] = {}
+        self.slow: List[Dict[str, Any]] = []  # the watchdog's warnings: where, seconds, compile
         self.compiles = 0
         self.seconds = 0.0
         self.baseline = self.counter_values()
@@ -130,13 +129,18 @@ class Collector:
 
     def graph_break(self, message: str, error: Optional[BaseException] = None) -> None:
         found = breaks.parse_break(message, error)
-        compile_id = compile_frame.compile_id()
+        compile_id = torch_releases.compile_id()
         key = (f"{found['file']}:{found['line']}", found["reason"])
         with _lock:
             slot = self.breaks.setdefault(key, {**found, "count": 0, "compile_ids": []})
             slot["count"] += 1
             if compile_id and compile_id not in slot["compile_ids"]:
                 slot["compile_ids"].append(compile_id)
+
+    def slow_compile(self, warned: Dict[str, Any]) -> None:
+        """The compile watchdog warned about a compile (where, seconds, compile #)."""
+        with _lock:
+            self.slow.append(dict(warned))
 
     def watch(self, convert_frame: Any) -> None:
         """Every guard failure of a recompile, as ``TORCH_LOGS=recompiles`` prints them:

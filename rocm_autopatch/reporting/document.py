@@ -11,9 +11,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from rocm_autopatch import log, torch_releases
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import placement, record, schema
+from rocm_autopatch import log, record, settings, torch_releases
+from rocm_autopatch.reporting import placement, schema
 from rocm_autopatch.reporting.collector import Collector
 
 TOP = 10  # entries kept per list (graph breaks, recompiles, slowest frames)
@@ -71,9 +70,8 @@ def compile_section(col: Collector) -> Dict[str, Any]:
     with record.LOCK:
         eager = dict(record.REPORT.eager_in_capture)
     section["eager_in_capture"] = {"total": sum(eager.values()), "frames": eager}
-    from rocm_autopatch.guards import watchdog
-
-    section["watchdog_warnings"] = list(watchdog.fired)
+    with col.lock:
+        section["watchdog_warnings"] = list(col.slow)
     section["cache"] = {name: counted(*where) for name, where in CACHE_COUNTERS.items()}
     section["cache"]["seconds_saved"] = col.seconds_saved()
     if section["cache"]["seconds_saved"] is None:

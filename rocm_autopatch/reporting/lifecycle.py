@@ -13,9 +13,8 @@ import sys
 import threading
 from typing import Optional
 
-from rocm_autopatch import log
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import document, placement, record
+from rocm_autopatch import log, record, settings
+from rocm_autopatch.reporting import document, placement
 from rocm_autopatch.reporting.collector import ENV, Collector
 
 _lock = threading.Lock()

@@ -12,8 +12,7 @@ import stat
 import sys
 from typing import Optional
 
-from rocm_autopatch import files, log
-from rocm_autopatch.config import settings
+from rocm_autopatch import files, log, settings
 
 ENV = settings.REPORT
 # "<pid> <path>" of the first process that armed the report, inherited by its children.

@@ -2,15 +2,15 @@
 view (``view``) reads, each field with its kind.
 
 A reader takes every schema in ``READABLE``: a field that an older writer did not write is
-read as absent (unknown), never as zero.
+read as absent (unknown), never as zero. A concern's own section (the numerics sentinel's
+``verify``) is declared by that concern and read with ``of_kind``/``kinds_of`` here
+(``view.Part``).
 """
 
 from __future__ import annotations
 
 import typing
 from typing import Any, Dict, List, Tuple
-
-from rocm_autopatch.sentinel import graph_record
 
 SCHEMA = 4  # 4: verify graphs carry their coverage (VERIFY_GRAPH); 3: process.forked_from
 READABLE = (1, 2, 3, 4)  # 1: before graph breaks came from torch's log (no hints, no backward)
@@ -53,8 +53,13 @@ COMPILE: Dict[str, str] = {
 BOOL = "bool"
 
 
+def kinds_of(declared: type) -> Dict[str, str]:
+    """A record class's fields -> their kinds here (``Optional[X]`` is X: absent reads as
+    None): a concern declares its records once and the schema is made from them."""
+    return {name: _kind_of(hint) for name, hint in typing.get_type_hints(declared).items()}
+
+
 def _kind_of(annotation: Any) -> str:
-    """A declared type -> its kind here: Optional[X] is X (absent reads as None)."""
     origin = typing.get_origin(annotation)
     if origin is typing.Union:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
@@ -63,18 +68,12 @@ def _kind_of(annotation: Any) -> str:
     return {bool: BOOL, int: NUMBER, float: NUMBER, str: TEXT, dict: OBJECT, list: "list"}[kind]
 
 
-# One graph of ``verify.graphs`` (the numerics sentinel), from schema 4 on: generated from
-# the record's one declaration (sentinel/graph_record.py).
-VERIFY_GRAPH: Dict[str, str] = {
-    name: _kind_of(hint)
-    for name, hint in typing.get_type_hints(graph_record.GraphRecord).items()}
-
-
 class ReportError(Exception):
     """A file that is not a readable compile report."""
 
 
-def _kind(value: Any, kind: str, what: str) -> Any:
+def of_kind(value: Any, kind: str, what: str) -> Any:
+    """``value`` if it is of ``kind`` (None stays None); ReportError naming ``what``."""
     if value is None:
         return None
     ok = {NUMBER: isinstance(value, (int, float)) and not isinstance(value, bool),
@@ -86,7 +85,7 @@ def _kind(value: Any, kind: str, what: str) -> Any:
     if not ok:
         raise ReportError(f"{what} is not a {'object' if kind == TOP else kind}")
     if kind == TOP:
-        top = _kind(value.get("top"), LIST, f"{what}.top")
+        top = of_kind(value.get("top"), LIST, f"{what}.top")
         return {"total": value.get("total"), "top": top or []}
     return value
 
@@ -110,21 +109,15 @@ def read(data: Any, env: str) -> Dict[str, Any]:
     for key in ("rank", "local_rank", "world_size"):  # written as text; a number is read too
         if isinstance(process.get(key), int) and not isinstance(process.get(key), bool):
             process[key] = str(process[key])
-    out["process"] = {k: _kind(process.get(k), kind, f"process.{k}")
+    out["process"] = {k: of_kind(process.get(k), kind, f"process.{k}")
                       for k, kind in PROCESS.items()}
     compiled: Dict[str, Any] = {}
     for key, kind in COMPILE.items():
-        value = _kind(data["compile"].get(key), kind, f"compile.{key}")
+        value = of_kind(data["compile"].get(key), kind, f"compile.{key}")
         if value is None and kind in (OBJECT, LIST, TOP):
             value = {"total": None, "top": []} if kind == TOP else [] if kind == LIST else {}
         compiled[key] = value
     out["compile"] = compiled
-    verify = _kind(data.get("verify"), OBJECT, "verify") or {}
-    graphs = _kind(verify.get("graphs"), LIST, "verify.graphs") or []
-    for i, graph in enumerate(graphs):
-        for key, kind in VERIFY_GRAPH.items():
-            _kind(graph.get(key), kind, f"verify.graphs[{i}].{key}")
-    out["verify"] = {**verify, "graphs": graphs}
     out["errors"] = [str(e) for e in (data.get("errors") or [])]
     return out
 
@@ -132,7 +125,5 @@ def read(data: Any, env: str) -> Dict[str, Any]:
 def missing(document: Dict[str, Any]) -> List[Tuple[str, str]]:
     """(section, field) declared here that ``document`` lacks (a test holds the writer to
     the declaration)."""
-    graphs = (document.get("verify") or {}).get("graphs") or []
     return ([("process", k) for k in PROCESS if k not in document.get("process", {})]
-            + [("compile", k) for k in COMPILE if k not in document.get("compile", {})]
-            + [("verify.graphs", k) for g in graphs[:1] for k in VERIFY_GRAPH if k not in g])
+            + [("compile", k) for k in COMPILE if k not in document.get("compile", {})])

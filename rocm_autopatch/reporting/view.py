@@ -8,24 +8,60 @@ collectives), the slowest frames, the numerics sentinel's verdicts and the red f
 frames that hit the recompile limit, graphs that compute wrong numbers, failed hooks. A
 value a torch release does not count stays unknown ("?"), never zero. Every readable file
 is shown; an unreadable one is named, and only when none is readable is that an error.
+
+A concern that writes a section of its own into the report (the numerics sentinel's
+``verify``) hands the view a ``Part`` for it: how its section is read, what it adds to the
+job view, its lines, red flags and divergences. ``register`` takes it; the view imports no
+concern.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 from rocm_autopatch.reporting import document, schema
-from rocm_autopatch.sentinel import status
 from rocm_autopatch.text import Verbatim, keep
 
 ReportError = schema.ReportError
+Reports = List[Dict[str, Any]]
+
+
+class Part(NamedTuple):
+    """A concern's own section of the report, as the view reads and shows it."""
+
+    name: str  # the section's key in the file ("verify")
+    read: Callable[[Any], Any]  # the section as written -> as read; ReportError if it is not
+    process: Callable[[Dict[str, Any]], Any]  # one process's entry in the job's rows
+    data: Callable[[Reports], Dict[str, Any]]  # what it adds to the job view (--json)
+    lines: Callable[[Dict[str, Any]], List[str]]  # its text, from the job view
+    flags: Callable[[Reports, Callable[[str], str]], List[str]]  # its red flags
+    # Where ranks diverge in it (each {"what", "where", "reason", "processes", "not_in"},
+    # "what" its own word) and how one reads.
+    diverging: Callable[[Reports, List[str]], List[Dict[str, Any]]]
+    diverged: Callable[[Dict[str, Any]], str]
+    diverged_lines: Callable[[Dict[str, Any]], List[str]]
+
+
+PARTS: Dict[str, Part] = {}
+
+
+def register(part: Part) -> None:
+    """Show ``part``'s section from now on (the concern's owner calls it; idempotent)."""
+    PARTS[part.name] = part
+
+
+def _owner(d: Dict[str, Any]) -> Optional[Part]:
+    return next((p for p in PARTS.values() if d.get("part") == p.name), None)
 
 
 def normalise(data: Any) -> Dict[str, Any]:
     """A report with every section the view reads present and of the right type."""
-    return schema.read(data, settings.REPORT)
+    out = schema.read(data, settings.REPORT)
+    for part in PARTS.values():
+        out[part.name] = part.read(out.get(part.name))
+    return out
 
 
 def load(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -62,12 +98,12 @@ def _order(report: Dict[str, Any]) -> Tuple[int, str, str]:
     return number, str(report["process"].get("host", "")), str(report["process"]["pid"])
 
 
-def _who(rank: Any, pid: Any) -> str:
+def who(rank: Any, pid: Any) -> str:
     return f"rank {rank}" if rank is not None else f"pid {pid}"
 
 
-def _label(report: Dict[str, Any]) -> str:
-    return _who(report["process"].get("rank"), report["process"]["pid"])
+def label(report: Dict[str, Any]) -> str:
+    return who(report["process"].get("rank"), report["process"]["pid"])
 
 
 def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, str]
@@ -80,7 +116,7 @@ def _recurring(reports: List[Dict[str, Any]], section: str, fields: Tuple[str, s
             slot = merged.setdefault(key, {**entry, fields[0]: key[0], fields[1]: key[1],
                                            "count": 0, "processes": []})
             slot["count"] += entry.get("count", 0) if isinstance(entry.get("count"), int) else 0
-            slot["processes"].append(_label(report))
+            slot["processes"].append(label(report))
     return sorted(merged.values(), key=lambda e: (-len(e["processes"]), -e["count"]))
 
 
@@ -96,7 +132,7 @@ def diverging(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     reports = [ranks[r] for r in sorted(ranks)]
     if len(reports) < 2:
         return []
-    everyone = [_label(r) for r in reports]
+    everyone = [label(r) for r in reports]
     found = []
     for entry in _recurring(reports, "recompiles", ("where", "reason")):
         if len(entry["processes"]) < len(everyone):
@@ -107,33 +143,14 @@ def diverging(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for report in reports:
         for frame in report["compile"]["slowest_frames"]:
             where = str(frame.get("where", "?"))
-            compiled.setdefault(where, {})[_label(report)] = frame.get("compiles", 0)
+            compiled.setdefault(where, {})[label(report)] = frame.get("compiles", 0)
     for where, counts in sorted(compiled.items()):
         if len(set(counts.values())) > 1 or len(counts) < len(everyone):
             found.append({"what": "compiles", "where": where, "reason": ", ".join(
                 f"{who}: {counts.get(who, 0)}" for who in everyone),
                 "processes": sorted(counts), "not_in": []})
-    return found + _verdicts_differ(reports, everyone)
-
-
-def _verdicts_differ(reports: List[Dict[str, Any]], everyone: List[str]
-                     ) -> List[Dict[str, Any]]:
-    """Graphs the numerics sentinel judged wrong on some ranks and not on others: a
-    miscompile of one rank's GPU, build or shapes (its verdicts per rank, by graph)."""
-    verdicts: Dict[str, Dict[str, List[str]]] = {}
-    for report in reports:
-        for g in report["verify"]["graphs"]:
-            label = f"graph {g.get('graph', '?')} of {g.get('where', '?')}"
-            verdicts.setdefault(label, {}).setdefault(_label(report), []).append(
-                str(g.get("status")))
-    found = []
-    for label, by_rank in sorted(verdicts.items()):
-        seen = {who: sorted(by_rank.get(who, [])) for who in everyone}
-        wrong = [who for who, said in seen.items() if set(said) & set(status.WRONG)]
-        if wrong and len({tuple(said) for said in seen.values()}) > 1:
-            found.append({"what": "verdict", "where": label, "reason": "; ".join(
-                f"{who}: {', '.join(said) or 'not compiled'}" for who, said in seen.items()),
-                "processes": wrong, "not_in": [w for w in everyone if w not in wrong]})
+    for part in PARTS.values():
+        found += [{**d, "part": part.name} for d in part.diverging(reports, everyone)]
     return found
 
 
@@ -143,132 +160,31 @@ def red_flags(reports: List[Dict[str, Any]], mark: Callable[[str], str] = str) -
     flags = []
     for report in reports:
         for hit in report["compile"]["recompile_limit_hit"]:
-            flags.append(f"{_label(report)}: {mark(str(hit.get('where', '?')))} "
+            flags.append(f"{label(report)}: {mark(str(hit.get('where', '?')))} "
                          f"{mark('hit the recompile limit')} x{hit.get('count', '?')}: torch "
                          "runs it eagerly from then on (raise "
                          "torch._dynamo.config.recompile_limit, or dynamic=True for "
                          "changing shapes)")
         for error in report["errors"]:
-            flags.append(f"{_label(report)}: rocm-autopatch hook failed: {error}")
+            flags.append(f"{label(report)}: rocm-autopatch hook failed: {error}")
         for failed in report["compile"]["failed"]:
-            flags.append(f"{_label(report)}: {mark(str(failed.get('where', '?')))} "
+            flags.append(f"{label(report)}: {mark(str(failed.get('where', '?')))} "
                          f"{mark('failed to compile')} x{failed.get('count', '?')}: "
                          f"{str(failed.get('error', ''))[:300]}")
-        for graph in report["verify"]["graphs"]:
-            if graph.get("status") in status.WRONG:
-                flags.append(f"{_label(report)}: graph {graph.get('graph', '?')} of "
-                             f"{mark(str(graph.get('where', '?')))} "
-                             f"{mark('computes wrong numbers')} when compiled "
-                             f"({graph['status']}): {graph.get('reason', '')}")
+    for part in PARTS.values():
+        flags += part.flags(reports, mark)
     return flags
 
 
 def _diverged(d: Dict[str, Any]) -> str:
-    if d["what"] == "verdict":
-        return (f"ranks diverge: {d['where']} computes wrong numbers in "
-                f"{', '.join(d['processes'])} only ({d['reason']})")
+    owner = _owner(d)
+    if owner is not None:
+        return owner.diverged(d)
     if d["what"] == "recompile":
         return (f"ranks diverge: {d['where']} recompiled in {', '.join(d['processes'])} only "
                 "(ranks that compile different graphs can hang collectives)")
     return (f"ranks diverge: {d['where']} compiled a different number of times "
             f"({d['reason']})")
-
-
-def _graphs_not_passed(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Graphs the numerics sentinel failed or did not compare, merged across processes."""
-    merged: Dict[Tuple[str, str, str], Dict[str, Any]] = {}
-    for report in reports:
-        for g in report["verify"]["graphs"]:
-            if g.get("status") == status.PASSED:
-                continue
-            key = (f"graph {g.get('graph', '?')} of {g.get('where', '?')}",
-                   str(g.get("status", "?")), str(g.get("reason", "")))
-            slot = merged.setdefault(key, {"graph": key[0], "status": key[1],
-                                           "reason": key[2], "processes": []})
-            slot["processes"].append(_label(report))
-            folder = g.get("repro")
-            if isinstance(folder, str) and folder and "repro" not in slot:
-                slot["repro"] = folder
-                slot["bisect"] = _bisected(folder, g.get("bisect"))
-    bad = status.WRONG
-    return sorted(merged.values(), key=lambda e: (e["status"] not in bad,
-                                                  -len(e["processes"])))
-
-
-def _bisected(folder: str, started: Any) -> str:
-    """The bisection of a repro directory in one line: its answer, or where it stands."""
-    from rocm_autopatch.sentinel import bisect
-
-    done = bisect.read(folder)
-    if done:
-        return str(done.get("answer", "?")) + (" (fix remembered for the next run)"
-                                               if done.get("remembered") else "")
-    if isinstance(started, dict) and started.get("status"):
-        return f"{started['status']} (its answer will be in {folder}/{bisect.RESULT})"
-    return f"not run: `rocm-autopatch bisect {folder}` names the compiler step"
-
-
-COVERAGE_LINES = 20  # graphs listed in the text view
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """What the numerics sentinel covered, per graph, merged across processes: shapes seen
-    and checked, calls run and checked (why), the largest input magnitude checked, and the
-    statuses (a graph may pass on one rank and fail on another)."""
-    merged: Dict[Tuple[str, str], Dict[str, Any]] = {}
-    for report in reports:
-        for g in report["verify"]["graphs"]:
-            key = (str(g.get("graph", "?")), str(g.get("where", "?")))
-            slot = merged.setdefault(key, {
-                "graph": key[0], "where": key[1], "processes": [], "statuses": {},
-                "calls": 0, "calls_checked": 0, "sampled": 0, "shapes_seen": 0,
-                "shapes_checked": 0, "dynamic": False, "largest_checked": None,
-                "unverified_calls": 0})
-            slot["processes"].append(_label(report))
-            state = str(g.get("status", "?"))
-            slot["statuses"][state] = slot["statuses"].get(state, 0) + 1
-            shapes = g.get("shapes") if isinstance(g.get("shapes"), dict) else {}
-            because = (g.get("checked_because")
-                       if isinstance(g.get("checked_because"), dict) else {})
-            values = g.get("values") if isinstance(g.get("values"), dict) else {}
-            slot["calls"] += _count(g.get("calls"))
-            slot["calls_checked"] += _count(g.get("calls_checked"))
-            slot["sampled"] += _count(because.get("sampled"))
-            slot["unverified_calls"] += _count(g.get("unverified_calls"))
-            # Shapes: the most any one process saw (ranks mostly see the same ones).
-            slot["shapes_seen"] = max(slot["shapes_seen"], _count(shapes.get("seen")))
-            slot["shapes_checked"] = max(slot["shapes_checked"], _count(shapes.get("checked")))
-            slot["dynamic"] = slot["dynamic"] or bool(shapes.get("dynamic"))
-            largest = values.get("largest_checked")
-            if isinstance(largest, (int, float)):
-                slot["largest_checked"] = max(largest, slot["largest_checked"] or 0.0)
-    return list(merged.values())
-
-
-def coverage_line(c: Dict[str, Any]) -> str:
-    """One graph in one line: "graph 0/0: 14 shapes, 14 checked; 10,000 calls, 31
-    checked (3 sampled); passed"."""
-    shapes = (f"{c['shapes_seen']:,} shape{'s' if c['shapes_seen'] != 1 else ''}, "
-              f"{c['shapes_checked']:,} checked" if c["dynamic"] else "static shapes")
-    states = c["statuses"]
-    verdict = (next(iter(states)) if len(states) == 1 else
-               ", ".join(f"{state} in {n}" for state, n in sorted(states.items())))
-    ranks = len(c["processes"])
-    return (f"graph {c['graph']}: {shapes}; {c['calls']:,} calls, {c['calls_checked']:,} "
-            f"checked ({c['sampled']:,} sampled); {verdict}"
-            + (f" ({ranks} processes)" if ranks > 1 else ""))
-
-
-def _numerics(report: Dict[str, Any]) -> Dict[str, Any]:
-    """The numerics sentinel's totals for one process (mode "off" when it was not on)."""
-    info = report["verify"]
-    totals = info.get("totals") if isinstance(info.get("totals"), dict) else {}
-    return {"mode": info.get("mode", "off"), **{str(k).replace(" ", "_"): v
-                                                for k, v in totals.items()}}
 
 
 def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str, Any]:
@@ -285,9 +201,10 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
             "seconds": c["seconds"], "backward_compiles": c["backward"].get("compiles"),
             "eager_in_capture": c["eager_in_capture"].get("total", 0),
             "watchdog_warnings": len(c["watchdog_warnings"]), "cache": c["cache"],
-            "unknown": c["unknown"], "verify": _numerics(report),
+            "unknown": c["unknown"],
+            **{part.name: part.process(report) for part in PARTS.values()},
         })
-    slowest = sorted(((f, _label(r)) for r in reports for f in r["compile"]["slowest_frames"]
+    slowest = sorted(((f, label(r)) for r in reports for f in r["compile"]["slowest_frames"]
                       if isinstance(f.get("seconds"), (int, float))),
                      key=lambda pair: -pair[0]["seconds"])
     flags = red_flags(reports) + [_diverged(d) for d in diverging(reports)]
@@ -298,8 +215,7 @@ def job(reports: List[Dict[str, Any]], problems: Sequence[str] = ()) -> Dict[str
         "recompiles": _recurring(reports, "recompiles", ("where", "reason")),
         "diverging": diverging(reports),
         "slowest_frames": [{**f, "process": who} for f, who in slowest[:document.TOP]],
-        "numerics": _graphs_not_passed(reports),
-        "coverage": coverage(reports),
+        **{k: v for part in PARTS.values() for k, v in part.data(reports).items()},
         "red_flags": flags,
         "healthy": not flags,
     }
@@ -322,7 +238,7 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                f"{'eager*':>7}{'cache hit/miss':>15}{'saved s':>9}")
     for p in procs:
         cache = f"{_n(p['cache'].get('fxgraph_hit'))}/{_n(p['cache'].get('fxgraph_miss'))}"
-        out.append(f"  {_who(p['rank'], p['pid']):<12}{_n(p['graphs']):>7}"
+        out.append(f"  {who(p['rank'], p['pid']):<12}{_n(p['graphs']):>7}"
                    f"{_n(p['graph_breaks']):>7}{_n(p['recompiles']):>8}"
                    f"{_n(p['seconds'], '.1f'):>9}{_n(p['eager_in_capture']):>7}{cache:>15}"
                    f"{_n(p['cache'].get('seconds_saved'), '.1f'):>9}")
@@ -330,42 +246,14 @@ def render(view: Dict[str, Any], reports: List[Dict[str, Any]]) -> List[str]:
                "CUDA/HIP graph was being captured; cache: Inductor's FX-graph cache; saved: "
                "the original compile time of the entries loaded, as torch records it; ? = "
                "not counted by this torch)")
-    out += _numerics_lines(view)
+    for part in PARTS.values():
+        out += part.lines(view)
     out += _breaks_and_recompiles_lines(view)
     if sum(_rank(r) is not None for r in reports) > 1:
         out += _diverging_lines(view)
     out += _slowest_lines(view)
     flags = red_flags(reports, mark=keep) + [_diverged(d) for d in view["diverging"]]
     out += [""] + ([f"! {flag}" for flag in flags] or ["healthy"])
-    return out
-
-
-def _numerics_lines(view: Dict[str, Any]) -> List[str]:
-    procs = view["processes"]
-    checked = [p for p in procs if p["verify"]["mode"] != "off"]
-    out: List[str] = []
-    if checked:
-        out += ["", "Numerics (ROCM_AUTOPATCH_VERIFY: compiled graphs compared with eager)"]
-        for p in checked:
-            v = p["verify"]
-            out.append(f"  {_who(p['rank'], p['pid']):<12}{v['mode']}: "
-                       f"{v.get('passed', 0)} passed, {v.get('failed', 0)} failed, "
-                       f"{v.get('fell_back', 0)} fell back, {v.get('skipped', 0)} not "
-                       "compared")
-        for e in view["numerics"][:document.TOP]:
-            out.append(f"  in {len(e['processes'])} of {len(procs)}: {e['status']}: "
-                       f"{e['reason']}")
-            out.append(Verbatim(f"      {e['graph']}"))
-            if e.get("repro"):
-                out.append(Verbatim(f"      repro: {e['repro']}"))
-                out.append(f"      bisect: {e['bisect']}")
-        out += ["", "Numerics coverage (per graph, all processes: shapes, calls checked)"]
-        for c in view["coverage"][:COVERAGE_LINES]:
-            out.append(f"  {coverage_line(c)}")
-            out.append(Verbatim(f"      {c['where']}"))
-        if len(view["coverage"]) > COVERAGE_LINES:
-            out.append(f"  ... {len(view['coverage']) - COVERAGE_LINES} more graphs "
-                       "(--json lists them all)")
     return out
 
 
@@ -399,9 +287,8 @@ def _diverging_lines(view: Dict[str, Any]) -> List[str]:
                        f"(not {', '.join(d['not_in'])}):")
             out.append(Verbatim(f"      {d['where']}"))
             out.append(f"      {str(d['reason']).splitlines()[0]}")
-        elif d["what"] == "verdict":
-            out.append(f"  judged wrong in {', '.join(d['processes'])} only ({d['reason']}):")
-            out.append(Verbatim(f"      {d['where']}"))
+        elif _owner(d) is not None:
+            out += _owner(d).diverged_lines(d)
         else:
             out.append(f"  compiled a different number of times ({d['reason']}):")
             out.append(Verbatim(f"      {d['where']}"))

@@ -12,19 +12,13 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import (
-    alarm,
-    backward,
-    judge,
-    magnitudes,
-    memory,
-    numerics,
-    schedule,
-    snapshot,
-)
-from rocm_autopatch.sentinel.graph import Graph, busy
-from rocm_autopatch.sentinel.status import FAILED, PASSED, PENDING, SKIPPED
+from rocm_autopatch import record
+from rocm_autopatch.sentinel.healing import alarm
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
+from rocm_autopatch.sentinel.runs import backward, memory, numerics, snapshot
+from rocm_autopatch.sentinel.runs.graph import Graph, busy
+from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
 
 
 class Check:

@@ -34,14 +34,22 @@ import threading
 import types
 from typing import Any, Dict, Tuple
 
-from rocm_autopatch import frames, log, patching
-from rocm_autopatch.config import settings
+from rocm_autopatch import frames, log, patching, record, settings, torch_releases
 from rocm_autopatch.guards import compile_frame
-from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import alarm, background, check, fixes, memory, numerics, repro
-from rocm_autopatch.sentinel.graph import Graph, busy
-from rocm_autopatch.sentinel.graph_record import section
-from rocm_autopatch.sentinel.status import FAILED, FELL_BACK, NAME, PASSED, PENDING, REF, SKIPPED
+from rocm_autopatch.sentinel import check
+from rocm_autopatch.sentinel.healing import alarm, background, fixes, repro
+from rocm_autopatch.sentinel.judging.status import (
+    FAILED,
+    FELL_BACK,
+    NAME,
+    PASSED,
+    PENDING,
+    REF,
+    SKIPPED,
+)
+from rocm_autopatch.sentinel.runs import memory, numerics
+from rocm_autopatch.sentinel.runs.graph import Graph, busy
+from rocm_autopatch.sentinel.runs.graph_record import section
 
 ENV = settings.VERIFY
 _lock = threading.RLock()
@@ -86,7 +94,7 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
             busy.compiling = False
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
-        graph = Graph(gm, compiled, compile_frame.compile_id() or "?", _where(), how, checks,
+        graph = Graph(gm, compiled, torch_releases.compile_id() or "?", _where(), how, checks,
                       share)
         if healed:
             graph.healed = fix

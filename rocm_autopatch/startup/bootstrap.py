@@ -45,7 +45,7 @@ def parse_mode(raw: str) -> str:
     for mode, words in (("off", OFF_VALUES), ("force", FORCE_VALUES), ("auto", AUTO_VALUES)):
         if value in words:
             return mode
-    from rocm_autopatch.config import settings
+    from rocm_autopatch import settings
 
     found = settings.read(ENV_MODE, {ENV_MODE: raw})
     if found.problem:

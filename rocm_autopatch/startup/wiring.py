@@ -15,8 +15,7 @@ from types import ModuleType
 from typing import Optional, Set, Tuple
 
 # Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
-from rocm_autopatch import probe
-from rocm_autopatch.reporting import record
+from rocm_autopatch import probe, record
 from rocm_autopatch.startup import bootstrap, post_import
 
 _lock = threading.RLock()
@@ -46,8 +45,7 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
                              "nothing changed (ROCM_AUTOPATCH=force applies it anyway)")
             post_import.deactivate(bootstrap.finder)
             return False
-        from rocm_autopatch import log
-        from rocm_autopatch.config import settings
+        from rocm_autopatch import log, settings
 
         report.active = True
         report.profile = log.setting(settings.PROFILE)
@@ -89,8 +87,8 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if token in _configured:
             return
         _configured.add(token)
-    from rocm_autopatch import log
-    from rocm_autopatch.config import applier, settings
+    from rocm_autopatch import log, settings
+    from rocm_autopatch.config import applier
 
     profile = record.REPORT.profile
     found = {}
@@ -170,8 +168,7 @@ def on_compile_fx(module: ModuleType) -> None:
     imported)."""
     if not decide():
         return
-    from rocm_autopatch import log
-    from rocm_autopatch.config import settings
+    from rocm_autopatch import log, settings
 
     world = log.setting(settings.WORLD_SIZE, warn=False)
     if isinstance(world, int) and world > 1:
@@ -181,6 +178,6 @@ def on_compile_fx(module: ModuleType) -> None:
 
     if log.setting(settings.VERIFY) == "off":
         return
-    from rocm_autopatch.sentinel import watch
+    from rocm_autopatch import sentinel
 
-    watch.install(module)
+    sentinel.install(module)

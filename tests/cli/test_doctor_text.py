@@ -13,8 +13,7 @@ pytestmark = pytest.mark.fast  # in this process: pytest -m fast
 
 def _report(where: str) -> dict:
     return view.normalise({"schema": 2, "process": {"pid": 7, "rank": "0"},
-                                  "compile": {"recompile_limit_hit": [{"where": where,
-                                                                       "count": 2}]}})
+                           "compile": {"recompile_limit_hit": [{"where": where, "count": 2}]}})
 
 
 def test_red_flag_keeps_its_phrase_and_path_whole_at_every_depth() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 pytestmark = pytest.mark.fast
 

@@ -7,9 +7,11 @@ from typing import Any, Dict
 
 import pytest
 
+from rocm_autopatch import sentinel
 from rocm_autopatch.reporting import schema, view
 
 pytestmark = pytest.mark.fast
+view.register(sentinel.report_part())  # as the doctor does before reading reports
 
 
 def _report(pid: int, rank: Any = None, **compile_: Any) -> Dict[str, Any]:
@@ -17,7 +19,7 @@ def _report(pid: int, rank: Any = None, **compile_: Any) -> Dict[str, Any]:
     if "forked_from" in compile_:
         process["forked_from"] = compile_.pop("forked_from")
     data = view.normalise({"schema": schema.SCHEMA, "process": process,
-                                  "compile": {"frames": 1, **compile_}})
+                           "compile": {"frames": 1, **compile_}})
     data["_file"] = f"r{pid}.json"
     return data
 

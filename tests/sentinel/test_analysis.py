@@ -15,7 +15,7 @@ def test_collectives_found_on_fake_tensors_are_collectives_not_side_effects() ->
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel.runs import numerics
 
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
@@ -37,7 +37,7 @@ def test_a_call_on_fake_tensors_is_not_the_programs() -> None:
     torch = pytest.importorskip("torch")
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel.runs import numerics
 
     fake = FakeTensorMode().from_tensor(torch.ones(2))
     assert numerics.fake_call((fake, 3)) and numerics.fake_call(([fake],))
@@ -49,7 +49,7 @@ def test_the_memory_a_check_needs_is_a_plain_number() -> None:
     call's bytes as ints (a symbolic total once raised from the skip message's format
     string into the program: the two-GPU job, a rank short of memory)."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel.runs import numerics
 
     found = numerics.analyse(lambda x: (x.sin() * 2).sum(0), [torch.ones(4, 8)])
     assert type(found.temp_bytes) is int and type(found.temp_fp64_bytes) is int
@@ -66,7 +66,7 @@ def test_graphs_of_ops_that_refuse_symbolic_sizes_are_analysed(op: str) -> None:
     "SymIntArrayRef expected to contain only concrete integers"); only outputs whose shape
     depends on data (nonzero, masked_select) are run with symbolic sizes."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel.runs import numerics
 
     x, square = torch.randn(8), torch.randn(4, 4)
     graphs = {
@@ -88,7 +88,8 @@ def test_outputs_that_are_uninitialised_memory_are_not_compared() -> None:
     """``torch.empty``/``empty_like`` returned as they are hold whatever memory held (issue
     32: 4 of torch's OpInfo graphs were judged wrong for it): named, never compared."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge, numerics
+    from rocm_autopatch.sentinel.judging import judge
+    from rocm_autopatch.sentinel.runs import numerics
 
     captured = []
 
@@ -122,7 +123,7 @@ def test_a_scalar_input_keeps_its_value_for_the_analysis_and_is_never_written() 
     the fake run works on a copy of it: run on the program's own tensor, a write there
     advanced a decode loop's cache position and its next call indexed out of bounds."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics
+    from rocm_autopatch.sentinel.runs import numerics
 
     captured = []
 

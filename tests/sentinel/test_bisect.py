@@ -187,7 +187,7 @@ sys.exit(0)
 
 STEPS = r'''
 import json, os, sys, time
-from rocm_autopatch.sentinel.steps import OutOfTime, Runner
+from rocm_autopatch.sentinel.healing.steps import OutOfTime, Runner
 folder = sys.argv[1]
 mode = os.path.join(folder, "mode")
 with open(mode, "w") as fh:
@@ -243,7 +243,7 @@ def test_the_pipelining_knob_builds_inductors_rocm_templates_with_one_stage() ->
     backend's, 2), and leaves torch as it was afterwards."""
     import torch._inductor.utils as inductor_utils
 
-    from rocm_autopatch.sentinel import bisect, fixes
+    from rocm_autopatch.sentinel.healing import bisect, fixes
 
     knob = next(k for k in bisect.KNOBS if k.change == {"kind": "stages1"})
     assert "triton-lang/triton#9815" in knob.ref

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import Venv, clean_env
 
-from rocm_autopatch.sentinel.schedule import CALIBRATE_AFTER
+from rocm_autopatch.sentinel.scheduling.schedule import CALIBRATE_AFTER
 
 FORCE = {"ROCM_AUTOPATCH": "force", "INDUCTOR_FORCE_DISABLE_CACHES": "1"}
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.fast
 
 
 def _judge(eager: Any, compiled: Any, fp64: Any, derived: Any = None) -> Any:
-    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.judging import judge
 
     return judge.compare([eager], [compiled], [fp64], judge.TOL_FORWARD, derived)
 
@@ -29,7 +29,7 @@ def _noisy(exact: Any, ulps: float, gen: Any, bias: float = 0.0) -> Any:
 
 def test_an_argmax_tie_broken_the_other_way_is_not_a_miscompile() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.judging import judge
 
     logits64 = torch.tensor([[1.0, 3.0, 3.0 + 1e-4, 0.5], [2.0, 0.1, 0.2, 0.3]],
                             dtype=torch.float64)
@@ -56,8 +56,8 @@ def test_integers_are_compared_in_one_batch_as_torchs_criterion_would() -> None:
     compared in one batch. Equal ones pass (torch's criterion passes them too), one off by
     one among them is caught, and values of other dtypes, shapes or empty are judged."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge
-    from rocm_autopatch.sentinel.errors import Value
+    from rocm_autopatch.sentinel.judging import judge
+    from rocm_autopatch.sentinel.judging.errors import Value
 
     eager = [torch.tensor(16 + i) for i in range(12)] + [
         torch.tensor([True, False]), torch.zeros(0, dtype=torch.int64),
@@ -115,7 +115,7 @@ def test_a_systematic_bf16_bias_is_caught_and_rounding_noise_is_not() -> None:
 
 def test_overlapping_views_stay_overlapping_in_the_references_copies() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import snapshot
+    from rocm_autopatch.sentinel.runs import snapshot
 
     buffer = torch.arange(10.0)
     a, b = buffer[0:6], buffer[4:10]  # share elements 4 and 5
@@ -139,7 +139,8 @@ def test_soft_capped_bf16_logits_judged_in_the_precision_they_were_computed_in()
     eager in 25). Compiled's choice is never worse than eager's under float64 by more than a
     bf16 tie, so it passes; a choice float64 ranks far lower is still caught."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge, numerics
+    from rocm_autopatch.sentinel.judging import judge
+    from rocm_autopatch.sentinel.runs import numerics
 
     captured = []
 
@@ -202,7 +203,8 @@ def test_a_float32_erf_within_its_documented_bound_is_not_a_miscompile() -> None
     functions keeps the old floors."""
     import torch
 
-    from rocm_autopatch.sentinel import allowance, judge
+    from rocm_autopatch.sentinel.judging import allowance, judge
+    from rocm_autopatch.sentinel.runs.graph import op_names
 
     torch.manual_seed(0)
     x = torch.randn(4096, dtype=torch.float64)
@@ -212,7 +214,7 @@ def test_a_float32_erf_within_its_documented_bound_is_not_a_miscompile() -> None
     noise = torch.randn(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     compiled = (f + unit * noise.clamp(-2.4, 2.4) * 0.6).float()
     gm = torch.fx.symbolic_trace(lambda t: torch.erf(t))
-    allowed = judge.Allowance(*allowance.ulps(gm))
+    allowed = judge.Allowance(*allowance.ulps(op_names(gm)))
     assert allowed == (4.0, "erf")
     assert judge.compare([eager], [compiled], [f], judge.TOL_FORWARD).bad  # before
     assert not judge.compare([eager], [compiled], [f], judge.TOL_FORWARD,
@@ -222,7 +224,7 @@ def test_a_float32_erf_within_its_documented_bound_is_not_a_miscompile() -> None
     assert m.rule in ("localized", "systematic"), m
     assert "erf may round 4 units (HIP math API)" in m.detail
     plain = torch.fx.symbolic_trace(lambda t: t * 2 + 1)
-    assert allowance.ulps(plain) == (0.0, "")
+    assert allowance.ulps(op_names(plain)) == (0.0, "")
 
 
 def test_complex_values_are_judged_as_real_pairs() -> None:
@@ -230,7 +232,7 @@ def test_complex_values_are_judged_as_real_pairs() -> None:
     exactly (as an integer would be); a wrong one is caught, with the rule named."""
     import torch
 
-    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.judging import judge
 
     torch.manual_seed(0)
     f = torch.randn(2048, dtype=torch.complex128)
@@ -254,8 +256,8 @@ def test_the_batched_first_test_of_torchs_criterion_agrees_with_torch() -> None:
     of one dtype and size and alone."""
     import torch
 
-    from rocm_autopatch.sentinel import judge
-    from rocm_autopatch.sentinel.errors import Value, statistics
+    from rocm_autopatch.sentinel.judging import judge
+    from rocm_autopatch.sentinel.judging.errors import Value, statistics
 
     gen = torch.Generator().manual_seed(0)
     exact = [torch.randn(512, dtype=torch.float64, generator=gen) for _ in range(6)]
@@ -325,7 +327,7 @@ def test_values_laid_end_to_end_get_the_statistics_each_has_alone(
     another dtype, a value past the batch size alone)."""
     import torch
 
-    from rocm_autopatch.sentinel import errors
+    from rocm_autopatch.sentinel.judging import errors
 
     gen = torch.Generator().manual_seed(1)
 

@@ -30,7 +30,7 @@ def _captured(fn: Any, *args: Any) -> Any:
 
 def _both(gm: Any, keep: List[Any], args: List[Any]) -> Any:
     """(rewritten run's output and kept values, the interpreter's)."""
-    from rocm_autopatch.sentinel import reference
+    from rocm_autopatch.sentinel.runs import reference
 
     run = reference.Fp64Run(gm, keep)
     assert run.module is not None  # rewritten: no call_module in a Dynamo graph
@@ -72,7 +72,7 @@ def test_the_rewritten_run_reads_the_state_swapped_into_the_graph() -> None:
     """Graphs that hold their own parameters (torch 2.4's Dynamo; FX traces) are run with the
     state a check swaps in (``numerics.bind_state``), not with what the module held."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import numerics, reference
+    from rocm_autopatch.sentinel.runs import numerics, reference
 
     class Scale(torch.nn.Module):
         def __init__(self) -> None:
@@ -95,7 +95,7 @@ def test_the_rewritten_run_reads_the_state_swapped_into_the_graph() -> None:
 def test_a_graph_that_calls_modules_keeps_the_interpreter() -> None:
     """``call_module`` nodes need their parameters cast too: the interpreter does that."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import reference
+    from rocm_autopatch.sentinel.runs import reference
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8)).bfloat16()
     gm = torch.fx.symbolic_trace(model)
@@ -119,8 +119,8 @@ def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
     rest is the state before the call in every run), and a compiled step that writes the
     wrong position is still caught."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge
     from rocm_autopatch.sentinel.check import written_regions
+    from rocm_autopatch.sentinel.judging import judge
 
     before, exact = _cache()
     eager, compiled, fp64 = before.clone(), before.clone(), before.double()
@@ -144,8 +144,8 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     judged at the positions any of them changed; one written a position late is caught,
     and a cache of another shape keeps its own positions; strides do not matter."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge
     from rocm_autopatch.sentinel.check import written_regions
+    from rocm_autopatch.sentinel.judging import judge
 
     items = []
     for layer in range(4):
@@ -190,8 +190,9 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     which inference tensors lack) is run again under ``no_grad`` on fresh copies, and from
     then on: what the failed run wrote is not seen. Running out of memory is not retried."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import check, memory, snapshot
-    from rocm_autopatch.sentinel.graph import Graph
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs import memory, snapshot
+    from rocm_autopatch.sentinel.runs.graph import Graph
 
     def writes(x: Any, cache: Any) -> Any:
         cache.add_(1)

@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 import pytest
 import torch
 
-from rocm_autopatch.sentinel import magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
 
 pytestmark = pytest.mark.fast
 

@@ -224,7 +224,7 @@ def test_real_models_raise_no_false_alarm(torch_venv: Venv, tmp_path: Path) -> N
 @pytest.mark.fast
 def test_nonfinite_values_the_compiled_graph_introduces_are_flagged() -> None:
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import judge
+    from rocm_autopatch.sentinel.judging import judge
 
     ref = torch.ones(4, 4)
     res = ref.clone()

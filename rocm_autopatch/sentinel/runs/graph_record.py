@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, FrozenSet, List, Optional
 
-from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel.status import ALL, PENDING
+from rocm_autopatch import record
+from rocm_autopatch.sentinel.judging.status import ALL, PENDING
 
 
 @dataclasses.dataclass

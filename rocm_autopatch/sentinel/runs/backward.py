@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
 
-from rocm_autopatch.sentinel import judge, memory, numerics, reference
-from rocm_autopatch.sentinel.graph import Graph
-from rocm_autopatch.sentinel.status import FAILED
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.judging.status import FAILED
+from rocm_autopatch.sentinel.runs import memory, numerics, reference
+from rocm_autopatch.sentinel.runs.graph import Graph
 
 # Where a graph holds its module's tensors itself (numerics.held), why its compiled
 # code cannot be run again on copies of them for a backward check.

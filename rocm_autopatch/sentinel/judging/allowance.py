@@ -15,7 +15,7 @@ rounded far more coarsely than these bounds: no allowance there.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Dict, Iterable, Tuple
 
 # Single precision, from the HIP math API's tables (ROCm/HIP docs/reference/math_api.rst).
 DOCUMENTED: Dict[str, int] = {
@@ -44,18 +44,12 @@ def bound(name: str) -> Tuple[str, int]:
     return function, DOCUMENTED.get(function, 0)
 
 
-def ulps(gm: Any) -> Tuple[float, str]:
-    """The largest bound among the ops ``gm`` calls, and which function it is (0, "" where
-    it calls none of them)."""
-    from rocm_autopatch.sentinel.numerics import node_name
-
+def ulps(ops: Iterable[str]) -> Tuple[float, str]:
+    """The largest bound among the ops a graph calls (their names,
+    ``runs.graph.op_names``), and which function it is (0, "" where it calls none)."""
     worst, which = 0, ""
-    try:
-        for node in gm.graph.nodes:
-            if node.op in ("call_function", "call_method", "call_module"):
-                function, found = bound(node_name(node))
-                if found > worst:
-                    worst, which = found, function
-    except Exception:  # noqa: BLE001 - no allowance: judged as before
-        return 0.0, ""
+    for name in ops:
+        function, found = bound(name)
+        if found > worst:
+            worst, which = found, function
     return float(worst), which

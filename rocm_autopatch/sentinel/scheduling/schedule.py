@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.magnitudes import Magnitudes
+from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
 
 FIRST, SHAPE, VALUES, SAMPLED = "first", "shape", "values", "sampled"
 WHY = (FIRST, SHAPE, VALUES, SAMPLED)

@@ -8,7 +8,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel import numerics, reference
+from rocm_autopatch.sentinel.runs import numerics, reference
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:

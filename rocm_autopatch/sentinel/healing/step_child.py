@@ -1,7 +1,7 @@
 """One step of a bisection, inside its own interpreter: take the bisector's state and the
 change to try from the environment the bisecting process set, apply them, run the repro.
 
-``python -m rocm_autopatch.sentinel.step_child repro.py [key=value ...]`` (a fresh
+``python -m rocm_autopatch.sentinel.healing.step_child repro.py [key=value ...]`` (a fresh
 interpreter) or ``main`` in a fork of the warm interpreter (``step_server``). The state is
 read from the environment, not from torch's own file: torch reads that from its Inductor
 cache directory, which a repro sets to the program's. A change that is an Inductor setting
@@ -16,7 +16,7 @@ import runpy
 import sys
 from typing import Any, List
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 # The change applied for the life of this process: collected, it would undo itself.
 _held: List[Any] = []
@@ -32,12 +32,12 @@ def main(argv: List[str]) -> None:
         cb.CompilerBisector.bisection_enabled = cb.get_is_bisection_enabled()
     name = json.loads(settings.take(settings.BISECT_NAME) or "null")
     if name:
-        from rocm_autopatch.sentinel import naming
+        from rocm_autopatch.sentinel.healing import naming
 
         naming.install(**name)
     change = json.loads(settings.take(settings.BISECT_CHANGE) or "null")
     if change:
-        from rocm_autopatch.sentinel import fixes
+        from rocm_autopatch.sentinel.healing import fixes
 
         applied = fixes.applied({"change": change})
         applied.__enter__()

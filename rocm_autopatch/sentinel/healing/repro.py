@@ -34,10 +34,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from rocm_autopatch import log, probe
-from rocm_autopatch.config import settings
-from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import judge, repro_runner
+from rocm_autopatch import log, probe, record, settings
+from rocm_autopatch.sentinel.healing import repro_runner
+from rocm_autopatch.sentinel.judging import judge
 
 SAVE_BYTES = 64 * 2**20  # inputs saved up to this total; above, regenerated from a seed
 

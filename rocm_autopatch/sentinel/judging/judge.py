@@ -32,7 +32,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.errors import Errors, Value, statistics
+from rocm_autopatch.sentinel.judging.errors import Errors, Value, statistics
 
 # torch's tolerances for its criterion: the minifier's repro_tolerance and the benchmark
 # suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py

@@ -10,9 +10,11 @@ import functools
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch.reporting import record
-from rocm_autopatch.sentinel import allowance, graph_record, numerics, reference, schedule
-from rocm_autopatch.sentinel.status import FELL_BACK, PENDING, SKIPPED
+from rocm_autopatch import record
+from rocm_autopatch.sentinel.judging import allowance
+from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
+from rocm_autopatch.sentinel.runs import graph_record, numerics, reference
+from rocm_autopatch.sentinel.scheduling import schedule
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
 # are not the program's), a compile in progress.
@@ -115,7 +117,7 @@ class Graph:
     @functools.cached_property
     def allowed(self) -> Tuple[float, str]:
         """What its math functions may round: (ULPs, the function)."""
-        return allowance.ulps(self.gm)
+        return allowance.ulps(op_names(self.gm))
 
     def inputs(self, args: Tuple[Any, ...]) -> Tuple[Optional[List[Any]], bool]:
         """The graph's inputs as a list, and whether the call was boxed (one list that the
@@ -135,3 +137,12 @@ class Graph:
         if boxed:
             args[0].clear()  # the convention: the callee releases the caller's list
         return self.gm(*flat)
+
+
+def op_names(gm: Any) -> List[str]:
+    """The names of the ops ``gm`` calls, in order; [] where its graph cannot be read."""
+    try:
+        return [numerics.node_name(n) for n in gm.graph.nodes
+                if n.op in ("call_function", "call_method", "call_module")]
+    except Exception:  # noqa: BLE001 - no names: no allowance, judged as before
+        return []

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from typing import Any, Dict
 
-from rocm_autopatch.config import settings
-from rocm_autopatch.sentinel import bisect
+from rocm_autopatch import settings
+from rocm_autopatch.sentinel.healing import bisect
 
 
 def start(folder: str, limit: float) -> Dict[str, Any]:

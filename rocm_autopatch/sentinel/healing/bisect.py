@@ -34,8 +34,8 @@ import re
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from rocm_autopatch import files
-from rocm_autopatch.sentinel import fixes
-from rocm_autopatch.sentinel.steps import OutOfTime, Runner
+from rocm_autopatch.sentinel.healing import fixes
+from rocm_autopatch.sentinel.healing.steps import OutOfTime, Runner
 
 RESULT = "bisect.json"
 LOG = "bisect.log"

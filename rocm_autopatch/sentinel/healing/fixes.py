@@ -27,8 +27,7 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional
 
-from rocm_autopatch import files, log, patching, probe
-from rocm_autopatch.config import settings
+from rocm_autopatch import files, log, patching, probe, settings
 
 STORE_VERSION = 1
 

@@ -1,7 +1,7 @@
 """The warm interpreter of a CPU graph's bisection: imports torch and its compiler once,
 then runs each step in a fork of itself.
 
-``python -m rocm_autopatch.sentinel.step_server``: one request a line on stdin (``{"env",
+``python -m rocm_autopatch.sentinel.healing.step_server``: one request a line on stdin (``{"env",
 "argv", "cwd", "output", "timeout"}``), one answer a line on stdout (``{"rc"}``: None when
 the step ran past its time). Each step is a forked child in a session of its own, its
 output in the file ``output``; past its time it is killed with its session, and what it
@@ -19,8 +19,8 @@ import time
 import traceback
 from typing import Any, Dict, Optional
 
-from rocm_autopatch.config import settings
-from rocm_autopatch.sentinel import step_child
+from rocm_autopatch import settings
+from rocm_autopatch.sentinel.healing import step_child
 
 # What every step would import: most of a step's time when run fresh.
 WARM = ("torch", "torch._dynamo", "torch._functorch.aot_autograd",

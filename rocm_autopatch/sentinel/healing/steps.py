@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from rocm_autopatch.config import settings
+from rocm_autopatch import settings
 
 STEP_SECONDS = 600.0  # one run of the repro (a compile)
 
@@ -39,8 +39,8 @@ GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD
                     "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO": "0",
                     "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0"}
 
-CHILD = "rocm_autopatch.sentinel.step_child"  # one step, in a fresh interpreter (-m)
-SERVER = "rocm_autopatch.sentinel.step_server"  # the warm interpreter of a CPU graph (-m)
+CHILD = "rocm_autopatch.sentinel.healing.step_child"  # one step, in a fresh interpreter (-m)
+SERVER = "rocm_autopatch.sentinel.healing.step_server"  # the warm interpreter of a CPU graph (-m)
 
 VERDICTS = ("REPRODUCED", "not reproduced")  # how repro.py's runner ends (repro.RUNNER)
 

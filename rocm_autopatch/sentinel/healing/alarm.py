@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from rocm_autopatch import log
-from rocm_autopatch.config import settings
-from rocm_autopatch.sentinel import fixes, numerics, repro, schedule
-from rocm_autopatch.sentinel.graph import Graph
-from rocm_autopatch.sentinel.status import FAILED, FELL_BACK, REF
+from rocm_autopatch import log, settings
+from rocm_autopatch.sentinel.healing import fixes, repro
+from rocm_autopatch.sentinel.judging.status import FAILED, FELL_BACK, REF
+from rocm_autopatch.sentinel.runs import numerics
+from rocm_autopatch.sentinel.runs.graph import Graph
+from rocm_autopatch.sentinel.scheduling import schedule
 
 ENV = settings.VERIFY
 
