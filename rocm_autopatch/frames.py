@@ -27,6 +27,22 @@ def label(filename: str, line: int, name: str) -> str:
     return f"{name} ({filename}:{line})"
 
 
+def short(filename: str) -> str:
+    """``filename`` as a user reads it in a warning: an installed package's from the
+    package on (``transformers/utils/generic.py``), one below the working directory
+    relative to it, one below the home directory from ``~``; anything else whole."""
+    for part in LIBRARY_DIRS:
+        if part in filename:
+            return filename.rsplit(part, 1)[1]
+    here = os.getcwd() + os.sep
+    if filename.startswith(here):
+        return filename[len(here):]
+    home = os.path.expanduser("~")
+    if home not in ("~", os.sep) and filename.startswith(home + os.sep):
+        return "~" + filename[len(home):]
+    return filename
+
+
 def in_library(filename: str) -> bool:
     """Is ``filename`` an installed package's (site-packages, dist-packages)?"""
     return any(part in filename for part in LIBRARY_DIRS)

@@ -113,9 +113,9 @@ def summary(message: str) -> None:
 
 
 def notice(message: str) -> None:
-    """A line the user asked for by turning a feature on (the sentinel's verdict at exit):
-    shown at the default level and above it, not with ``ROCM_AUTOPATCH_LOG=error``/``off``;
-    rank 0 only; kept in the record with the warnings."""
+    """A line said by default, not as a warning (what the profile changed, at the end of
+    the first compile; the sentinel's verdict at exit): shown at the default level and
+    above it, not with ``ROCM_AUTOPATCH_LOG=error``/``off``; rank 0 only."""
     if get_logger().isEnabledFor(logging.WARNING) and is_rank_zero():
         say(f"rocm-autopatch: {message}\n")
 

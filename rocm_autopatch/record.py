@@ -10,6 +10,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 # Statuses of a config entry.
+PENDING = "pending"  # the profile will set it when torch imports that config module
 APPLIED = "applied"  # our value is now what torch reads
 UNCHANGED = "unchanged"  # torch already had the value we wanted
 SKIPPED = "skipped"  # not touched, see reason (key missing, no-op on this torch...)
@@ -95,6 +96,19 @@ class CompileRewrite(_Fields):
 
 
 class Report(_Fields):
+    """What rocm-autopatch did in this process, as ``rocm_autopatch.report()`` returns it.
+
+    Fields: ``active`` (applied here?), ``platform`` ("rocm", "cuda", "cpu"), ``forced``
+    (``ROCM_AUTOPATCH=force``), ``mode``, ``profile`` ("safe"/"perf"), ``torch_version``,
+    ``hip_version``, ``reason`` (why active or not), ``activation`` (the start-up path that
+    ran), ``config`` (one ``ConfigChange`` per key: before, after, source, status, why,
+    ref; status ``pending`` until torch imports that config module, then ``applied``,
+    ``unchanged``, ``skipped`` or ``failed``), ``compile_rewrites`` (the ``torch.compile``
+    calls rewritten, where, how often), ``fixes`` (each fix's status, reason, public ref),
+    ``eager_in_capture``, ``verify`` (the numerics sentinel: mode, graphs, totals),
+    ``errors`` and ``warnings``. ``to_dict()`` is JSON-safe.
+    """
+
     active: bool = False
     platform: str = "unknown"  # "rocm", "cuda", "cpu" once torch is imported
     forced: bool = False
@@ -117,16 +131,22 @@ class Report(_Fields):
     errors: List[str] = []
     warnings: List[str] = []
 
-    def config_entry(self, key: str) -> Optional[ConfigChange]:
-        for entry in self.config:
-            if entry.key == key:
-                return entry
-        return None
+    def __repr__(self) -> str:
+        """A few lines, not the whole record (``to_dict()`` has everything)."""
+        def tally(statuses: List[str]) -> str:
+            counts: Dict[str, int] = {}
+            for status in statuses:
+                counts[status] = counts.get(status, 0) + 1
+            return ", ".join(f"{n} {status}" for status, n in counts.items())
 
-    def set_config(self, change: ConfigChange) -> None:
-        with LOCK:
-            self.config = [c for c in self.config if c.key != change.key]
-            self.config.append(change)
+        keys = tally([c.status for c in self.config]) or "none yet"
+        fixes = tally([fix["status"] for fix in self.fixes.values()])
+        return (f"<rocm-autopatch report: {'active' if self.active else 'not active'}, "
+                f"{self.platform}, torch {self.torch_version}, profile {self.profile}\n"
+                f"  {self.reason}\n  config keys: {keys}\n  fixes: {fixes or 'none'}\n"
+                f"  torch.compile calls rewritten: {len(self.compile_rewrites)}; numerics "
+                f"sentinel: {self.verify.get('mode', 'off')}; warnings: {len(self.warnings)}, "
+                f"errors: {len(self.errors)} (to_dict() has everything)>")
 
 
 LOCK = threading.RLock()
@@ -135,6 +155,18 @@ REPORT = Report()
 # The compile report's collector once armed (``compile_report.Collector``; None while
 # ROCM_AUTOPATCH_REPORT is unset: nothing is counted).
 COMPILE: Optional[Any] = None
+
+
+def config_entry(key: str) -> Optional[ConfigChange]:
+    """The record's entry for config ``key`` ("inductor.max_autotune"); None if none."""
+    with LOCK:
+        return next((entry for entry in REPORT.config if entry.key == key), None)
+
+
+def set_config(change: ConfigChange) -> None:
+    """Record what became of one config key (its earlier entry replaced)."""
+    with LOCK:
+        REPORT.config = [c for c in REPORT.config if c.key != change.key] + [change]
 
 
 def fix(name: str, status: str, reason: str, ref: str = "") -> None:

@@ -36,8 +36,8 @@ class Variable(NamedTuple):
     default: Any  # the value when unset or empty
     meaning: str  # one line: what it does
     applies: str  # where it takes effect (a process that imports torch, the doctor...)
-    if_bad: str = ""  # what happens instead of a bad value ("" = the default is used)
-    instead: Any = None  # the value used for a bad one, where not the default
+    if_bad: str = ""  # what a bad value means instead, said in its warning ("" = the
+    # default is used): always the default, so that a misspelt value turns nothing on
 
 
 def _words(table: Mapping[str, Any]) -> Callable[[str], Any]:
@@ -159,8 +159,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "unset/`0`/`off`; `check` (or `1`/`on`/`true`/`yes`); `fallback`", "off",
              "compare compiled graphs with eager: warn; warn and run eagerly",
              "every graph Inductor compiles",
-             "Using check (compiled results, with a warning for a graph that computes "
-             "wrong numbers).", "check"),
+             "Using off: the sentinel stays off (a check costs time: it is turned on by a "
+             "word it knows only)."),
     Variable(VERIFY_CALLS, _at_least(1), "an integer >= 1 (default 1)", 1,
              "first calls of each graph always checked", "the numerics sentinel"),
     Variable(VERIFY_BUDGET, _share, "a share from 0 to 1 (default `0.01`); `0`: none", 0.01,
@@ -243,9 +243,9 @@ def read(name: str, environ: Optional[Mapping[str, str]] = None) -> Reading:
     try:
         return Reading(var.parse(text), raw)
     except (ValueError, OverflowError):
-        value = var.default if var.instead is None else var.instead
-        return Reading(value, raw, f"{name}={raw!r} is not understood; accepted: "
-                       f"{var.accepted.replace('`', '')}. {var.if_bad or f'Using {value!r}.'}")
+        return Reading(var.default, raw, f"{name}={raw!r} is not understood; accepted: "
+                       f"{var.accepted.replace('`', '')}. "
+                       f"{var.if_bad or f'Using {var.default!r}.'}")
 
 
 def markdown() -> str:

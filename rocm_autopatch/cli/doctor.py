@@ -79,7 +79,7 @@ def environment_audit(report: Dict[str, Any], environ: Dict[str, str]
 def collect(profile: Optional[str]) -> Dict[str, Any]:
     if profile:
         settings.export(settings.PROFILE, profile)  # this process only
-    from rocm_autopatch import probe, record
+    from rocm_autopatch import log, probe, record
     from rocm_autopatch.cli import installation
     from rocm_autopatch.startup import bootstrap
 
@@ -117,10 +117,8 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["tunableop"] = report["fixes"].get("tunableop") or {
         "status": "off", "reason": f"the {report.get('profile') or 'safe'} profile leaves "
         f"TunableOp off ({settings.PROFILE}=perf with {settings.CACHE} set turns it on)"}
-    data["red_flags"] = [f"{r['name']}: {r['note']}" for r in data["environment"]
-                         if r["flag"] == "red"] + [
-        f"Triton software pipelining: {p['reason']}" for p in data["pipelining"]
-        if p["status"] == "red"]
+    data["caches"]["asked"] = bool(log.setting(settings.CACHE, warn=False).strip())
+    data["red_flags"] = red_flags(data)
     if "torch_error" in data:
         data["red_flags"].insert(0, (
             f"torch cannot be imported by this Python ({sys.executable}): "
@@ -129,6 +127,23 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
             "install torch here"))
     data["healthy"] = not data["red_flags"]
     return data
+
+
+def red_flags(data: Dict[str, Any]) -> List[str]:
+    """Every red flag, one line each with its fix: a variable that still hangs or breaks
+    compiles, a promise the package could not keep in this process (a fix or a key that
+    failed: a cache it cannot write, a watchdog that cannot start), a hook that failed, an
+    affected Triton and GPU with pipelined kernels in use."""
+    report = data["report"]
+    flags = [f"{r['name']}: {r['note']}" for r in data["environment"] if r["flag"] == "red"]
+    flags += [f"{name} failed: {fix['reason']}" for name, fix in report["fixes"].items()
+              if fix["status"] == "failed"]
+    flags += [f"{c['key']} failed: {c['reason']}" for c in report["config"]
+              if c["status"] == "failed"]
+    flags += [f"hook failed: {error}" for error in report["errors"]]
+    flags += [f"Triton software pipelining: {p['reason']}" for p in data["pipelining"]
+              if p["status"] == "red"]
+    return flags
 
 
 def pipelining(triton: Optional[str], archs: List[str], gemm: Dict[str, Any]
@@ -146,8 +161,8 @@ def pipelining(triton: Optional[str], archs: List[str], gemm: Dict[str, Any]
                     f"{', '.join(risk.archs)}")
         if release not in risk.triton or not hit:
             status, reason = "not needed", (
-                f"Triton {triton or 'not installed'} on {', '.join(archs) or 'no AMD GPU'}: "
-                f"{reported}")
+                f"here: Triton {triton or 'not installed'}, AMD GPUs "
+                f"{', '.join(archs) or 'none'}; {reported}")
         elif "TRITON" in gemm.get("templates_used", []):
             status, reason = "red", (
                 f"Triton {triton} on {', '.join(hit)} with Triton GEMM templates autotuned: "

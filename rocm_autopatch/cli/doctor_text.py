@@ -1,5 +1,9 @@
-"""The doctor's report for people: sections at 80 columns, paths never wrapped (a user
-copies them), marks for what the package changed (``~``), kept (``=``) or flags (``!``)."""
+"""The doctor's report for people, at 80 columns with paths never wrapped (a user copies
+them): by default one screen (what is active, what it changed, the variables that matter,
+the red flags last, each with its fix); ``--verbose`` adds every section in full (each key
+with its reason and public source, the rules without a config key, the caches, the
+remembered fixes). Marks: ``~`` a variable the package overrode, ``=`` one kept because you
+asked, ``!`` a red flag."""
 
 from __future__ import annotations
 
@@ -8,17 +12,82 @@ from typing import Any, Dict, List
 from rocm_autopatch import settings
 from rocm_autopatch.text import Verbatim, fit
 
+MARKS = {"ok": "  ", "neutralised": "~ ", "kept": "= ", "red": "! "}
 
-def render(data: Dict[str, Any]) -> str:
-    """The doctor's report at 80 columns (paths whole)."""
-    r = data["report"]
-    out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(data["install"], r)
-    for section in (_platform, _environment, _caches, _fixes, _config, _rewrites, _rules):
-        out += [""] + section(data)
-    if "torch_error" in data:
-        out += ["", f"! {data['red_flags'][0]}"]
-    out += ["", "healthy" if data["healthy"] else "RED FLAGS remain (see above)"]
+
+def render(data: Dict[str, Any], verbose: bool = False) -> str:
+    """The doctor's report at 80 columns (paths whole): one screen, or every section."""
+    if verbose:
+        r = data["report"]
+        out = ["rocm-autopatch doctor", "", "Install"] + _install_lines(data["install"], r)
+        for section in (_platform, _environment, _caches, _fixes, _config, _rewrites, _rules):
+            out += [""] + section(data)
+    else:
+        out = _summary(data)
+    out += [""] + _red_flags(data, verbose)
     return "\n".join(fit(line) for line in out) + "\n"
+
+
+def _summary(data: Dict[str, Any]) -> List[str]:
+    """One screen: who is active and where from, what changed, what the user set."""
+    r, inst = data["report"], data["install"]
+    torch = r.get("torch_version") or "not importable"
+    build = f"{r.get('platform')}{', HIP ' + r['hip_version'] if r.get('hip_version') else ''}"
+    gpus = ", ".join(f"{g['arch']} ({g['gpu']})" for g in data["gpus"]) or "none found"
+    act = inst.get("activation") or {}
+    where = next((d for d in inst["distributions"] if d["in_use"]), None)
+    out = [f"rocm-autopatch {where['version'] if where else '?'} doctor: "
+           f"{'active' if r['active'] else 'not active'}, profile {r['profile']}",
+           f"  {r['reason']}",
+           f"  torch {torch} ({build}); Python {data['python']}; AMD GPUs: {gpus}",
+           "  started by " + (f"{act['via']}" if act.get("via") else "no start-up path")
+           + (f" ({where['installer']} install)" if where else ""),
+           Verbatim(f"      {where['location']}") if where else "  not installed (a source "
+           "tree?)"]
+    out += [f"  ! {note}" for note in data.get("notes", [])]
+    out += ["", "What it changed" + ("" if r["active"] else ": nothing (torch's own "
+                                     "configuration and torch.compile are in use)")]
+    if r["active"]:
+        out += _changed(data)
+    rows = [row for row in data["environment"] if row["flag"] != "ok"
+            or row["name"].startswith(settings.MODE)]
+    if rows:
+        out += ["", "Variables that matter (~ overridden, = kept as you asked, ! red flag)"]
+        out += [f"  {MARKS[row['flag']]}{row['name']}={row['value'][:40]}" for row in rows]
+    return out
+
+
+def _changed(data: Dict[str, Any]) -> List[str]:
+    r = data["report"]
+    moved = [c for c in r["config"] if c["status"] == "applied"]
+    out = [f"  {c['key']}: {c['before']!r} -> {c['after']!r}" for c in moved]
+    same = sum(c["status"] == "unchanged" for c in r["config"])
+    other = len(r["config"]) - len(moved) - same
+    out.append(f"  ({same} more keys already had the {r['profile']} value"
+               + (f"; {other} skipped or failed" if other else "") + ")")
+    fixes = [f"{name} {fix['status']}" for name, fix in r["fixes"].items()]
+    out.append("  fixes: " + (", ".join(fixes) or "none"))
+    rewrites = sum(rw["count"] for rw in r["compile_rewrites"])
+    if rewrites:
+        out.append(f"  torch.compile calls rewritten in this process: {rewrites}")
+    caches = data["caches"]
+    out.append(f"  compile caches: {caches['inductor']}"
+               + (" (temporary: lost with the container)" if caches["temporary"] else ""))
+    remembered = data["fixes"]["fixes"]
+    if remembered:
+        out.append(f"  remembered fixes: {len(remembered)} (rocm-autopatch forget --all)")
+    return out
+
+
+def _red_flags(data: Dict[str, Any], verbose: bool) -> List[str]:
+    """The red flags, listed last and in full, and where to read more."""
+    flags = data["red_flags"]
+    more = ("" if verbose else "why each change, with its public source: "
+            "`rocm-autopatch doctor --verbose`; everything: `--json`")
+    if not flags:
+        return ["healthy" + (f"; {more}" if more else "")]
+    out = [f"Red flags ({len(flags)}; exit status 1)"] + [f"  ! {flag}" for flag in flags]
+    return out + ([more] if more else [])
 
 
 def _platform(data: Dict[str, Any]) -> List[str]:
@@ -38,8 +107,7 @@ def _platform(data: Dict[str, Any]) -> List[str]:
 def _environment(data: Dict[str, Any]) -> List[str]:
     out = ["Environment"]
     for row in data["environment"]:
-        mark = {"ok": "  ", "neutralised": "~ ", "kept": "= ", "red": "! "}[row["flag"]]
-        out.append(f"  {mark}{row['name']}={row['value'][:40]}")
+        out.append(f"  {MARKS[row['flag']]}{row['name']}={row['value'][:40]}")
         if row["note"]:
             out.append(f"      {row['note']}")
     if not data["environment"]:
@@ -51,9 +119,12 @@ def _caches(data: Dict[str, Any]) -> List[str]:
     where = data["caches"]
     out = ["Compile caches (Inductor, Triton)", f"  {where['inductor']}",
            f"  {where['triton']}"]
-    if where["temporary"]:
+    if where["temporary"] and not where.get("asked"):
         out.append(f"      under a temporary directory: a new container compiles everything "
                    f"again; {settings.CACHE}=DIR keeps them in a directory you mount")
+    elif where["temporary"]:
+        out.append(f"      under a temporary directory: {settings.CACHE} is set but could "
+                   "not be used (see the red flags)")
     if "torch_error" in data:
         return out
     skipping = where.get("skipping_dynamo") or {}
@@ -89,7 +160,10 @@ def _config(data: Dict[str, Any]) -> List[str]:
     r = data["report"]
     out = _heading(data, "Configuration (key: before -> after, source, status)",
                    "torch's own configuration is in use")
+    same = [c["key"] for c in r["config"] if c["status"] == "unchanged" and not c.get("reason")]
     for c in r["config"]:
+        if c["key"] in same:
+            continue
         line = f"  {c['key']}: {c['before']!r} -> {c['after']!r}, {c['source']}, {c['status']}"
         out.append(line)
         if c.get("reason") and (c["status"] in ("skipped", "failed")
@@ -97,13 +171,14 @@ def _config(data: Dict[str, Any]) -> List[str]:
             out.append(f"      {c['reason']}")
         if c["status"] == "applied" and c.get("why"):
             out.append(f"      why: {c['why']}" + (f" [{c['ref']}]" if c.get("ref") else ""))
+    if same:
+        out.append(f"  already as the profile wants (unchanged): {', '.join(same)}")
     gemm = data["gemm_backends"]
     if gemm.get("known"):
         used = gemm["templates_used"]
-        out.append(f"  GEMM backends: {','.join(gemm['listed'])}; autotuning "
-                   f"{'on' if gemm['autotuning'] else 'off'}: " + (
-                       f"template backends in use: {', '.join(used)}" if used else
-                       "no template backend in use (ATen only)")
+        out.append(f"  GEMM backends listed: {','.join(gemm['listed'])}; " + (
+                       f"autotuned (templates in use: {', '.join(used)})" if used else
+                       "GEMMs run on ATen (no autotuning)")
                    + ("; FlyDSL (torch 2.15+, ROCm, experimental): "
                       + ("a candidate" if gemm["flydsl_candidate"] else "not used")
                       if gemm["flydsl_in_this_torch"] else ""))
@@ -168,10 +243,17 @@ def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
 def _rules(data: Dict[str, Any]) -> List[str]:
     """Rules that are not config keys: Triton pipelining, and what was left out (with why)."""
     out = ["Rules without a config key"]
+    quiet = [r for r in data.get("pipelining", []) if r["status"] == "not needed"]
     for risk in data.get("pipelining", []):
+        if risk in quiet:
+            continue
         mark = "! " if risk["status"] == "red" else "  "
         out.append(f"  {mark}Triton pipelining: {risk['status']}: {risk['reason']} "
                    f"[{risk['ref']}]")
+    if quiet:
+        here = quiet[0]["reason"].split("; ", 1)[0]
+        out.append(f"  Triton pipelining: not needed ({here}): " + "; ".join(
+            r["reason"].split("; ", 1)[1] + f" [{r['ref']}]" for r in quiet))
     for name, why in data.get("left_out", {}).items():
         out.append(f"  left out: {name}: {why}")
     return out

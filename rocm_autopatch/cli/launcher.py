@@ -90,10 +90,13 @@ def is_python(executable: str) -> bool:
 
 
 def _import_dirs() -> List[str]:
-    """Where rocm_autopatch and the start-up module live (for the shim's sys.path)."""
+    """Where rocm_autopatch and the start-up module live (for the shim's sys.path): the
+    directories that hold them, never a directory inside the package (it would shadow a
+    user's module named ``log`` or ``settings`` with ours)."""
     import _rocm_autopatch_start
+    import rocm_autopatch
 
-    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(rocm_autopatch.__file__))),
             os.path.dirname(os.path.abspath(_rocm_autopatch_start.__file__))]
     return list(dict.fromkeys(dirs))
 

@@ -14,10 +14,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from _rocm_autopatch_start import say
-from rocm_autopatch import settings
+from rocm_autopatch import log, settings
 from rocm_autopatch.cli import doctor, doctor_text
 from rocm_autopatch.config import profiles
 from rocm_autopatch.text import fit
@@ -28,6 +28,11 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
     from rocm_autopatch.reporting import view
 
     view.register(sentinel.report_part())  # the sections the concerns write of their own
+    if not paths:
+        say(f"rocm-autopatch doctor --report: no report to read: give the files (written "
+            f"with {settings.REPORT}=PATH, one per process), or set {settings.REPORT} as "
+            "the program had it\n")
+        return 2
     reports, problems = view.load(paths)
     for problem in problems:
         say(f"rocm-autopatch doctor: {problem}\n")
@@ -38,6 +43,20 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
     sys.stdout.write(json.dumps(job, indent=2) + "\n" if as_json else
                      "\n".join(fit(line) for line in view.render(job, reports)) + "\n")
     return 0 if job["healthy"] else 1
+
+
+def _reports_written() -> List[str]:
+    """The report files ``ROCM_AUTOPATCH_REPORT`` names here, ``{rank}``/``{pid}`` matching
+    any (``doctor --report`` with no file, run where the program ran)."""
+    import glob
+
+    template = str(log.setting(settings.REPORT) or "").strip()
+    if not template:
+        return []
+    pattern = os.path.expanduser(template).replace("{rank}", "*").replace("{pid}", "*")
+    stem, ext = os.path.splitext(pattern)
+    # A child process's own file has ".<pid>" before the extension (reporting.placement).
+    return sorted(set(glob.glob(pattern)) | set(glob.glob(f"{stem}.*{ext}")))
 
 
 def _bisect(folder: str, limit: float, remember: bool, as_json: bool) -> int:
@@ -75,11 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     doctor = sub.add_parser("doctor", help="show what is installed, detected and changed")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--verbose", action="store_true",
+                        help="every section in full: each key's reason and public source, "
+                             "the rules without a config key, caches, remembered fixes")
     doctor.add_argument("--profile", choices=tuple(profiles.PROFILES),
                         help="show what this profile would do (this process only)")
-    doctor.add_argument("--report", nargs="+", metavar="FILE",
+    doctor.add_argument("--report", nargs="*", metavar="FILE",
                         help="render compile reports (ROCM_AUTOPATCH_REPORT files: one per "
-                             "process, e.g. every rank of a job) as one view")
+                             "process, e.g. every rank of a job) as one view; without FILE, "
+                             "the files ROCM_AUTOPATCH_REPORT names ({rank} and {pid} as *)")
     run = sub.add_parser(
         "run", help="run a Python command with rocm-autopatch applied, even under python -S",
         usage="rocm-autopatch run [--profile P] -- python [flags] script.py|-m mod args...")
@@ -138,11 +161,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command != "doctor":
         parser.print_usage(sys.stderr)
         return 2
-    if args.report:
-        return _report(args.report, args.json)
+    if args.report is not None:
+        return _report(args.report or _reports_written(), args.json)
     data = doctor.collect(args.profile)
     sys.stdout.write(json.dumps(data, indent=2) + "\n" if args.json else
-                     doctor_text.render(data))
+                     doctor_text.render(data, args.verbose))
     return 0 if data["healthy"] else 1
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from rocm_autopatch import record, settings, torch_releases
 from rocm_autopatch.config import profiles
-from rocm_autopatch.record import APPLIED, FAILED, SKIPPED, UNCHANGED, ConfigChange
+from rocm_autopatch.record import APPLIED, FAILED, PENDING, SKIPPED, UNCHANGED, ConfigChange
 
 Warn = Callable[[Any, str], Any]
 Wanted = Tuple[profiles.Setting, str, Any, str]  # the rule, torch's name, value, source
@@ -97,6 +97,26 @@ def _bound(setting: profiles.Setting, before: Any) -> Any:
     return value
 
 
+MODULES = {"inductor": "torch._inductor.config", "dynamo": "torch._dynamo.config"}
+
+
+def record_pending(profile: str) -> None:
+    """At ``import torch``: every key ``profile`` will set, recorded ``pending`` until torch
+    imports its config module (Inductor's at the first compile; importing it earlier would
+    double every torch program's import time), so that ``report().config`` says from the
+    start what will apply. A key already applied keeps its entry."""
+    layers: Dict[str, profiles.Setting] = {}
+    for setting in profiles.PROFILES[profile]:
+        layers[setting.key] = setting  # a later layer's entry wins (perf over safe)
+    for key, setting in layers.items():
+        if record.config_entry(key) is None:
+            owner = MODULES[key.split(".", 1)[0]]
+            record.set_config(ConfigChange(
+                key, None, None, "profile", PENDING,
+                f"set when torch imports {owner} (Inductor's: at the first compile)",
+                wanted=setting.value, why=setting.reason, ref=setting.ref))
+
+
 def apply(module: ModuleType, namespace: str, profile: str,
           overrides: Dict[str, Tuple[Any, str]], warn: Warn,
           archs: Optional[Callable[[], List[str]]] = None) -> List[ConfigChange]:
@@ -130,7 +150,7 @@ def apply(module: ModuleType, namespace: str, profile: str,
         changes.append(change)
     _held_in_every_thread(module, changes, prefix)
     for change in changes:
-        record.REPORT.set_config(change)
+        record.set_config(change)
     return changes
 
 

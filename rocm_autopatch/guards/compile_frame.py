@@ -37,7 +37,12 @@ def current() -> Optional[Tuple[str, int, str]]:
 
 def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager: bool,
                  decline: Callable[[], Any], skip_rng: bool, seconds: float,
-                 observe: Optional[Any] = None) -> Any:
+                 observe: Optional[Any] = None,
+                 after_first: Optional[Callable[[], None]] = None) -> Any:
+    # Called once, when the process's first frame compile ends (list.pop is atomic: one
+    # thread takes it): by then the configuration that compile used has been applied.
+    once = [after_first] if after_first is not None else []
+
     def _compile(*args: Any, **kwargs: Any) -> Any:
         capturing = capture.capturing(torch)
         if capturing and eager:
@@ -61,8 +66,21 @@ def make_wrapper(torch: types.ModuleType, original: Callable[..., Any], *, eager
                 timer.cancel()
             if observe is not None:
                 observe.end(where, token, perf_counter() - start, error)
+            if once:
+                _first_end(once)
 
     return _compile
+
+
+def _first_end(once: list) -> None:
+    try:
+        said = once.pop()
+    except IndexError:  # another thread took it
+        return
+    try:
+        said()
+    except Exception:  # noqa: BLE001 - a message must never break a compile
+        pass
 
 
 def installed(convert_frame: types.ModuleType) -> Optional[Any]:
@@ -71,8 +89,10 @@ def installed(convert_frame: types.ModuleType) -> Optional[Any]:
     return found if patching.ours(found) else None
 
 
-def install(convert_frame: types.ModuleType) -> None:
-    """Wrap ``convert_frame._compile`` once; idempotent (a second call, a reload)."""
+def install(convert_frame: types.ModuleType,
+            after_first: Optional[Callable[[], None]] = None) -> None:
+    """Wrap ``convert_frame._compile`` once; idempotent (a second call, a reload).
+    ``after_first`` runs once, when the process's first frame compile ends."""
     import torch
 
     with _lock:
@@ -95,5 +115,5 @@ def install(convert_frame: types.ModuleType) -> None:
             record.COMPILE.watch(convert_frame)
         patching.wrap(convert_frame, "_compile", lambda found: make_wrapper(
             torch, found, eager=eager, decline=decline, skip_rng=skip_rng, seconds=seconds,
-            observe=record.COMPILE))
+            observe=record.COMPILE, after_first=after_first))
         capture.record_fixes(torch, convert_frame, eager, form, skip_rng)

@@ -88,7 +88,7 @@ def _kept_by_override(var: str, key: str) -> bool:
         return False
     if "torch._inductor.config" not in sys.modules:
         import torch._inductor.config  # noqa: F401 - its import hook applies the overrides
-    entry = record.REPORT.config_entry(key)
+    entry = record.config_entry(key)
     return bool(entry is not None and entry.source == "override" and entry.wanted)
 
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import atexit
 import threading
 import types
-from typing import Any, Dict, Tuple
+import weakref
+from typing import Any, Dict, List, Tuple
 
 from rocm_autopatch import frames, log, patching, record, settings, torch_releases
 from rocm_autopatch.guards import compile_frame
@@ -94,8 +95,11 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
             busy.compiling = False
         if not callable(compiled):  # AOTInductor: a path to a package, not a function
             return compiled
-        graph = Graph(gm, compiled, torch_releases.compile_id() or "?", _where(), how, checks,
-                      share)
+        graph_id = torch_releases.compile_id() or "?"
+        where, shown = _where()
+        graph = Graph(gm, compiled, graph_id, where, how, checks, share)
+        graph.shown = shown
+        _number_pieces(graph_id, graph)
         if healed:
             graph.healed = fix
             graph.note(healed=healed)
@@ -137,18 +141,37 @@ def _compile_healed(original: Any, fix: Dict[str, Any], model_: Any, example_inp
         return original(model_, example_inputs_, *args, **kwargs), ""
 
 
-def _where() -> str:
-    """The frame being compiled; where that is a library's (transformers' forward), the
-    user's own line that called into it too."""
+def _where() -> Tuple[str, str]:
+    """The frame being compiled, named after the user's nearest line: where the frame is a
+    library's (transformers' forward, a decorator's wrapper), the user's own line that
+    called into it first. Whole paths for the record, short ones for a warning."""
     where = compile_frame.current()
     if not where:
-        return "<unknown frame>"
-    label = frames.label(*where)
-    if frames.in_library(where[0]):
-        site = frames.user_site(libraries=True)
-        if site is not None:
-            label += f", called at {site[0]}:{site[1]}"
-    return label
+        return "<unknown frame>", ""
+    file, line, name = where
+    site = frames.user_site(libraries=True) if frames.in_library(file) else None
+    if site is None:
+        return frames.label(*where), frames.label(frames.short(file), line, name)
+    return (f"{site[0]}:{site[1]} (into {frames.label(*where)})",
+            f"{frames.short(site[0])}:{site[1]} (into {name}, {frames.short(file)}:{line})")
+
+
+# The graphs compiled under one Dynamo compile id. Dynamo's DDPOptimizer splits a frame's
+# graph into pieces, one compile each under the frame's id: each is then named by its index.
+_pieces: Dict[str, List[Any]] = {}
+
+
+def _number_pieces(graph_id: str, graph: Graph) -> None:
+    if graph_id == "?":
+        return
+    with _lock:
+        pieces = _pieces.setdefault(graph_id, [])
+        pieces.append(weakref.ref(graph))
+        if len(pieces) < 2:
+            return
+        for index, piece in enumerate(ref() for ref in pieces):
+            if piece is not None:
+                piece.note(graph=f"{graph_id} piece {index}")
 
 
 def install(module: types.ModuleType) -> None:

@@ -49,7 +49,7 @@ def parse_mode(raw: str) -> str:
 
     found = settings.read(ENV_MODE, {ENV_MODE: raw})
     if found.problem:
-        _rocm_autopatch_start.say(f"rocm-autopatch: warning: {found.problem}\n")
+        _rocm_autopatch_start.say(f"rocm-autopatch: WARNING: {found.problem}\n")
     return found.value
 
 
@@ -95,7 +95,7 @@ def take_over(trigger: "Any", name: str, path: "Any" = None, target: "Any" = Non
         return found.watch(name, spec) if name in found.hooks else spec
     except Exception as exc:  # noqa: BLE001 - never break the user's import
         trigger.find_spec = _rocm_autopatch_start._inert
-        _rocm_autopatch_start.say(f"rocm-autopatch: warning: start-up failed, inactive: "
+        _rocm_autopatch_start.say(f"rocm-autopatch: WARNING: start-up failed, inactive: "
                                   f"{exc!r}\n")
         return None
 

@@ -36,7 +36,7 @@ def _report_failure(name: str, target: str, exc: BaseException) -> None:
     except Exception:  # noqa: BLE001 - the recorder itself failed; say so and go on
         import _rocm_autopatch_start
 
-        _rocm_autopatch_start.say(f"rocm-autopatch: warning: hook {target} for {name} "
+        _rocm_autopatch_start.say(f"rocm-autopatch: WARNING: hook {target} for {name} "
                                   f"failed: {exc!r}\n")
 
 

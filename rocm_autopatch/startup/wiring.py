@@ -51,6 +51,9 @@ def decide(torch: Optional[ModuleType] = None) -> bool:
         report.profile = log.setting(settings.PROFILE)
         report.reason = ("forced by ROCM_AUTOPATCH=force" if report.platform != "rocm"
                          else f"ROCm build (HIP {report.hip_version})")
+        from rocm_autopatch.config import applier
+
+        applier.record_pending(report.profile)
         if log.setting(settings.REPORT).strip():  # unset: not even loaded
             from rocm_autopatch.reporting import lifecycle
 
@@ -129,7 +132,26 @@ def on_convert_frame(module: ModuleType) -> None:
         return
     from rocm_autopatch.guards import compile_frame
 
-    compile_frame.install(module)
+    compile_frame.install(module, after_first=say_what_changed)
+
+
+def say_what_changed() -> None:
+    """The one line a process that compiles gets by default (rank 0; not with
+    ``ROCM_AUTOPATCH_LOG=error``/``off``), at the end of its first compile: which settings
+    the profile changed from torch's values, and where to read why or turn it off. Nothing
+    where nothing changed."""
+    from rocm_autopatch import log
+
+    with record.LOCK:
+        changed = [c.key for c in record.REPORT.config if c.status == record.APPLIED]
+        failed = [c.key for c in record.REPORT.config if c.status == record.FAILED]
+        profile = record.REPORT.profile
+    if not changed and not failed:
+        return
+    log.notice(f"made torch.compile safe for ROCm ({profile} profile): {len(changed)} "
+               f"setting{'s' if len(changed) != 1 else ''} changed ({', '.join(changed)})"
+               + (f", {len(failed)} failed ({', '.join(failed)})" if failed else "")
+               + "; `rocm-autopatch doctor` says why, ROCM_AUTOPATCH=0 turns it off")
 
 
 

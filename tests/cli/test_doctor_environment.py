@@ -56,7 +56,8 @@ def test_the_doctor_without_torch_says_so_and_is_not_healthy(wheel: Path,
 
 def test_an_override_names_its_variable_as_its_reason(torch_venv: Venv) -> None:
     code = ("import json, torch._inductor.config, rocm_autopatch\n"
-            "e = rocm_autopatch.report().config_entry('inductor.max_autotune')\n"
+            "e = next(c for c in rocm_autopatch.report().config\n"
+            "         if c.key == 'inductor.max_autotune')\n"
             "print(json.dumps({'source': e.source, 'why': e.why, 'ref': e.ref}))")
     out = torch_venv.json(code, env={**FORCE, "INDUCTOR_MAX_AUTOTUNE": "1"})
     assert out["source"] == "override" and out["ref"] == ""

@@ -156,3 +156,21 @@ def test_a_target_python_cannot_run_fails_as_python_does(torch_venv: Venv, proje
     launched = run(torch_venv, [target], launcher=True, cwd=project)
     assert direct.returncode in (1, 2) and "Traceback" not in direct.stderr
     assert (launched.returncode, launched.stderr) == (direct.returncode, direct.stderr)
+
+
+@pytest.mark.parametrize("name", ["log", "settings", "record", "text", "probe", "frames"])
+def test_the_target_imports_what_it_would_import_run_directly(torch_venv: Venv, project: Path,
+                                                              name: str) -> None:
+    """issue 44: the launcher once put the package's own folder on sys.path, so a user's
+    ``import log`` (or ``settings``, ``text``...) imported ours. A module of that name that
+    the user lacks fails as it does run directly, and no entry inside the package is on
+    sys.path, under ``-S`` too (where the launcher adds the directory holding it)."""
+    (project / "scripts" / "mine.py").write_text(
+        "import json, sys, importlib.util\n"
+        f"print(json.dumps({{'found': importlib.util.find_spec({name!r}) is not None,\n"
+        "                  'inside': [p for p in sys.path if p.rstrip('/').endswith("
+        "'rocm_autopatch') or '/rocm_autopatch/' in p]}))\n")
+    for argv in (["scripts/mine.py"], ["-S", "scripts/mine.py"]):
+        direct = run(torch_venv, argv, launcher=False, cwd=project)
+        launched = run(torch_venv, argv, launcher=True, cwd=project)
+        assert last_json(launched) == last_json(direct) == {"found": False, "inside": []}, argv

@@ -111,7 +111,8 @@ def test_every_key_typed_with_a_union_accepts_none_and_its_members() -> None:
 def test_inductor_compile_threads_override_reaches_torch(torch_venv) -> None:
     """An ``int | None`` key set from the environment, through the installed wheel."""
     code = ("import json, torch._inductor.config as ic, rocm_autopatch\n"
-            "e = rocm_autopatch.report().config_entry('inductor.compile_threads')\n"
+            "e = next(c for c in rocm_autopatch.report().config\n"
+            "         if c.key == 'inductor.compile_threads')\n"
             "print(json.dumps({'value': ic.compile_threads, 'source': e.source,"
             " 'status': e.status, 'warnings': rocm_autopatch.report().warnings}))")
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force", "INDUCTOR_COMPILE_THREADS": "1"})

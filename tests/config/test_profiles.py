@@ -84,7 +84,7 @@ print(json.dumps({"seen": seen, **result}))
 PRECEDENCE = """
 import json, torch, torch._inductor.config as ic, rocm_autopatch
 r = rocm_autopatch.report()
-e = r.config_entry("inductor.max_autotune")
+e = next(c for c in r.config if c.key == "inductor.max_autotune")
 before_user = ic.max_autotune
 ic.max_autotune = USER if USER is not None else ic.max_autotune   # the user's own code
 print(json.dumps({"value": before_user, "after_user": ic.max_autotune,
@@ -184,7 +184,7 @@ def test_limit_is_raised_never_lowered(torch_venv: Venv) -> None:
     code = """
 import json, torch._dynamo.config as dc, rocm_autopatch
 dc.recompile_limit = 1024              # what SGLang does after import
-e = rocm_autopatch.report().config_entry("dynamo.recompile_limit")
+e = next(c for c in rocm_autopatch.report().config if c.key == "dynamo.recompile_limit")
 print(json.dumps({"now": dc.recompile_limit, "alias": dc.cache_size_limit, "wanted": e.wanted}))
 """
     out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
@@ -206,7 +206,7 @@ def test_info_log_prints_one_summary_per_config_module(torch_venv: Venv) -> None
 
 THREADS = """
 import json, torch, torch._inductor.config as ic, rocm_autopatch
-c = rocm_autopatch.report().config_entry("inductor.compile_threads")
+c = next(c for c in rocm_autopatch.report().config if c.key == "inductor.compile_threads")
 print(json.dumps({"value": ic.compile_threads, "entry": c.to_dict()}))
 """
 
@@ -257,7 +257,7 @@ def test_compile_threads_set_by_the_user_is_kept(torch_venv: Venv, tmp_path) -> 
 
 ARCH = """
 import json, torch, torch._inductor.config as ic, rocm_autopatch
-c = rocm_autopatch.report().config_entry("inductor.coordinate_descent_tuning")
+c = next(c for c in rocm_autopatch.report().config if c.key == "inductor.coordinate_descent_tuning")
 print(json.dumps({"value": ic.coordinate_descent_tuning, "entry": c.to_dict()}))
 """
 

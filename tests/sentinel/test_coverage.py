@@ -64,7 +64,7 @@ def test_a_miscompile_at_a_later_shape_is_caught_at_its_first_call(torch_venv: V
     assert g["found_because"] == "shape" and g["results"][-1] is False
     assert g["shapes"] == {"dynamic": True, "seen": 6, "checked": 6}, g["shapes"]
     assert g["calls_checked"] == 6 and g["checked_because"]["shape"] == 5
-    assert "Found at call 8 (a new shape)" in err
+    assert "found at call 8 (a new shape)" in err
 
 
 def test_larger_magnitudes_after_100_ordinary_calls_are_caught_when_they_come(

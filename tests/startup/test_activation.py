@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 from conftest import Venv, clean_env, new_venv
 
 from rocm_autopatch.config import profiles
@@ -219,3 +220,65 @@ def test_a_failing_import_torch_looks_as_it_does_without_the_package(
         runs[mode] = proc.stderr
     assert runs["auto"] == runs["force"] == runs["0"]
     assert "rocm_autopatch" not in runs["auto"]
+
+
+SAY_WHAT = """
+import json, torch, rocm_autopatch
+f = torch.compile(lambda x: x * 2 + 1)
+f(torch.ones(4)); f(torch.ones(5))  # a second compile (a new shape) says nothing more
+r = rocm_autopatch.report()
+print(json.dumps([c.key for c in r.config if c.status == "applied"]))
+"""
+
+
+@pytest.mark.parametrize("level", ["", "info", "error"])
+def test_a_process_that_compiles_is_told_once_what_changed(torch_venv: Venv,
+                                                           level: str) -> None:
+    """issue 44: the README says it says once, on stderr, what it changed; by default a
+    plain torch.compile under force said nothing. Now one line at the end of the first
+    compile names the keys the record lists as applied (not as a warning), and
+    ``ROCM_AUTOPATCH_LOG=error`` silences it; a CPU build without force says nothing."""
+    env = {"ROCM_AUTOPATCH": "force", **({"ROCM_AUTOPATCH_LOG": level} if level else {})}
+    proc = torch_venv.run(SAY_WHAT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    applied = json.loads(proc.stdout.splitlines()[-1])
+    said = [line for line in proc.stderr.splitlines() if "made torch.compile safe" in line]
+    if level == "error":
+        assert said == []
+    else:
+        assert applied and len(said) == 1, proc.stderr
+        assert said[0].startswith("rocm-autopatch: made torch.compile safe for ROCm (safe "
+                                  f"profile): {len(applied)} settings changed")
+        assert f"({', '.join(applied)})" in said[0] and "WARNING" not in said[0]
+        assert "rocm-autopatch doctor" in said[0] and "ROCM_AUTOPATCH=0" in said[0]
+    quiet = torch_venv.run(SAY_WHAT, env={"ROCM_AUTOPATCH": ""})
+    assert quiet.returncode == 0 and "rocm-autopatch" not in quiet.stderr, quiet.stderr
+
+
+PENDING = """
+import json, torch, rocm_autopatch
+r = rocm_autopatch.report()
+first = {c.key: c.status for c in r.config}
+import torch._dynamo.config, torch._inductor.config
+print(json.dumps({"first": first, "then": {c.key: c.status for c in r.config},
+                  "repr": repr(r), "public": sorted(n for n in dir(r) if not n.startswith("_"))}))
+"""
+
+
+def test_the_record_says_from_import_torch_what_will_apply(torch_venv: Venv) -> None:
+    """issue 44: ``report().config`` was empty right after ``import torch`` (Inductor's
+    config, imported lazily, had not been applied yet). Every key of the profile is listed
+    ``pending`` from ``import torch`` on, and none once torch imported its config; the
+    record's repr is a few short lines; its public names are its fields and to_dict."""
+    out = json.loads(torch_venv.run(PENDING, env={"ROCM_AUTOPATCH": "force"}).stdout)
+    assert set(out["first"]) == set(profiles.keys("safe"))
+    assert set(out["first"].values()) == {"pending"}
+    assert set(out["then"]) == set(profiles.keys("safe"))
+    assert "pending" not in out["then"].values()
+    lines = out["repr"].splitlines()
+    assert 3 <= len(lines) <= 8 and max(map(len, lines)) <= 120, out["repr"]
+    assert "to_dict()" in out["repr"]
+    fields = ["activation", "active", "compile_rewrites", "config", "eager_in_capture",
+              "errors", "fixes", "forced", "hip_version", "mode", "platform", "profile",
+              "reason", "torch_version", "verify", "warnings"]
+    assert out["public"] == sorted(fields + ["to_dict"])

@@ -1,18 +1,22 @@
 """A graph that computes wrong numbers: its record, its repro, its warning, and under
 ``fallback`` eager's result for the call that found it.
 
-One warning per graph names it (the user's line), what differs and by how much under which
-rule, the call it was found at and how many calls ran unchecked before, the repro directory
-and what to do next. A graph compiled with a remembered fix that fails again forgets it.
+One warning per bug, at most six lines: the graph (named by the user's line), the value
+that differs with its largest error against float64 and the rule, the call it was found at
+and how many ran unchecked before it, what became of the results, the repro directory and
+what to do next. The shapes of one graph that fail the same way share a fingerprint: one
+warning, one repro, one bisection. The report keeps the rest (``report().verify``). A graph
+compiled with a remembered fix that fails again forgets it.
 """
 
 from __future__ import annotations
 
 from typing import Any, List
 
-from rocm_autopatch import log, settings
+from rocm_autopatch import frames, log, settings
 from rocm_autopatch.sentinel.healing import fixes, repro
-from rocm_autopatch.sentinel.judging.status import FAILED, FELL_BACK, REF
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.judging.status import FAILED, FELL_BACK
 from rocm_autopatch.sentinel.runs import numerics
 from rocm_autopatch.sentinel.runs.graph import Graph
 from rocm_autopatch.sentinel.scheduling import schedule
@@ -32,6 +36,7 @@ def raise_alarm(graph: Graph, m: Any, outputs: int, why: str, flat: List[Any], p
     compiled result. The call's result: the compiled one under ``check``, eager's under
     ``fallback``."""
     _record(graph, m, outputs, why)
+    bug = repro.fingerprint(graph.gm)  # before ``finish``, which lets the graph go
     falling_back = graph.how == "fallback"
     made = pre.make()  # the inputs as they were before the call, for the repro
     count = len(graph.placeholders)
@@ -55,8 +60,8 @@ def raise_alarm(graph: Graph, m: Any, outputs: int, why: str, flat: List[Any], p
     graph.finish(FELL_BACK if falling_back else FAILED, f"{which} differs from eager"
                  + (f" (at call {plan.calls:,}, {schedule.BECAUSE[why]})"
                     if plan.calls > 1 else "") + healed)
-    log.warn_once(("verify", id(graph)), _warning(graph, m, outputs, why, folder,
-                                                  falling_back))
+    # One warning per bug: the shapes of one graph share its fingerprint.
+    log.warn_once(("verify", bug), _warning(graph, m, outputs, why, folder, falling_back))
     return res
 
 
@@ -78,59 +83,39 @@ def _record(graph: Graph, m: Any, outputs: int, why: str) -> None:
 
 def _warning(graph: Graph, m: Any, outputs: int, why: str, folder: str,
              falling_back: bool) -> str:
-    """The warning, a line a thing: which graph and what differs under which rule first,
-    then when it was found, the details, what happened to the results, the repro and what
-    to do, the evidence. The report keeps the rest (``report().verify``)."""
+    """At most six lines: which graph, what differs and by how much (the one figure: the
+    largest error against float64) under which rule, when it was found, what became of the
+    results, the repro and what to do next."""
     plan = graph.schedule
-    lines = [f"numerics: {graph.label()} computes wrong numbers when compiled: "
-             + (headline(m, outputs, graph.gm) if m is not None
-                else f"the backward pass differs ({graph.entry['backward']})")]
+    lines = [f"numerics: {graph.label()} computes wrong numbers when compiled",
+             headline(m, outputs) if m is not None
+             else f"its backward pass differs: {graph.entry['backward']}"]
     if plan.calls > 1:
         unverified = graph.entry["unverified_calls"]
-        lines.append(f"Found at call {plan.calls:,} ({schedule.BECAUSE[why]})" + (
-            f"; the {unverified:,} call(s) since its last good check (call "
-            f"{plan.last_good:,}) ran compiled and may have returned wrong numbers"
-            if unverified else ""))
-    if m is not None:
-        lines.append(f"rule: {detail(m)}")
-    lines.append("This call returned eager's result and this graph runs eagerly from now on; "
-                 "other graphs stay compiled" if falling_back else
-                 f"Your results are the compiled ones, unchanged: set {ENV}=fallback to run "
-                 "this graph eagerly instead")
+        lines.append(f"found at call {plan.calls:,} ({schedule.BECAUSE[why]})" + (
+            f"; {unverified:,} earlier call(s) ran unchecked" if unverified else ""))
+    lines.append("results: eager's from this call on, for this graph only (the others stay "
+                 "compiled)" if falling_back else
+                 f"results: the compiled ones, unchanged ({ENV}=fallback runs this graph "
+                 "eagerly)")
     if folder:
-        lines.append(f"repro: attach {folder} to a report (`python {folder}/repro.py` exits 1 "
-                     "while it reproduces; env.json is the environment)")
-        lines.append(f"next: a bisection starts in the background at exit to name the "
-                     f"compiler step and remember the fix for the next run "
-                     f"({settings.VERIFY_BISECT}=0: not)" if falling_back and bisect_limit()
-                     else f"next: `rocm-autopatch bisect {folder}` names the compiler step "
-                     "and remembers the fix for the next run")
+        short = frames.short(folder)
+        lines.append(f"repro: {short} (attach it to an issue; its repro.py exits 1 while "
+                     "it reproduces)")
+        lines.append("next: a bisection runs in the background at exit and remembers the "
+                     f"fix ({settings.VERIFY_BISECT}=0: not)" if falling_back and
+                     bisect_limit() else
+                     f"next: `rocm-autopatch bisect {short}` names the compiler step")
     else:
-        lines.append("repro: TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes a "
-                     "minimal one, and `rocm-autopatch doctor --json` the environment")
-    lines.append(f"why it matters: compiled kernels that silently compute wrong numbers have "
-                 f"been reported on AMD GPUs ({REF})")
+        lines.append("repro: TORCHDYNAMO_REPRO_AFTER=aot TORCHDYNAMO_REPRO_LEVEL=4 writes one")
     return "\n  ".join(lines)
 
 
-def headline(m: Any, outputs: int, gm: Any) -> str:
-    """The first rejected value in a few words: which, shape and dtype, by how much, the
-    rule that rejected it."""
+def headline(m: Any, outputs: int) -> str:
+    """The first rejected value in a few words: which, shape and dtype, its largest error
+    against float64 (eager's beside it), the rule that rejected it."""
     if m.index < outputs:
-        where = numerics.origin(gm, m.index)
-        what = f"output {m.index}" + (f" (made at {where})" if where else "")
+        what = f"output {m.index}"
     else:
         what = f"the input it writes (#{m.index - outputs})"
-    return (f"{what}, shape {list(m.shape)}, {m.dtype}, differs from eager by up to "
-            f"{m.max_abs_diff:.3g} ({m.rule} rule)")
-
-
-def detail(m: Any) -> str:
-    """What the rule measured: its detail, the errors against float64, torch's verdict."""
-    text = f"{m.rule}: {m.detail}"
-    if m.compiled_rmse is not None and m.eager_rmse is not None:
-        text += (f"; error against float64: compiled {m.compiled_rmse:.3g}, eager "
-                 f"{m.eager_rmse:.3g} (RMSE)")
-    if m.torch_ok:
-        text += "; torch's own criterion alone would have passed it"
-    return text
+    return (f"{what} {list(m.shape)} {m.dtype}: {judge.error_figure(m)} ({m.rule} rule)")

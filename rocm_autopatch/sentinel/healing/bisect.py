@@ -371,8 +371,15 @@ def lines(result: Dict[str, Any]) -> List[str]:
         out.append(f"  {result['steps']} runs of repro.py{forked} in "
                    f"{result.get('seconds', 0):.0f} s; "
                    f"torch's output: {os.path.join(result['repro'], LOG)}")
+    skipped: Dict[str, List[str]] = {}  # one line for the knobs left out for one reason
     for t in result["tried"]:
-        out.append(f"  knob {t['knob']} [{t['ref']}]: {t['outcome']}")
+        if t["outcome"].startswith("not tried: "):
+            skipped.setdefault(t["outcome"][len("not tried: "):], []).append(t["knob"])
+        else:
+            out.append(f"  knob {t['knob']} [{t['ref']}]: {t['outcome']}")
+    for why, knobs in skipped.items():
+        out.append(f"  {len(knobs)} knob{'s' if len(knobs) != 1 else ''} not tried ({why}): "
+                   f"{', '.join(knobs)}")
     if result.get("remembered"):
         out.append(f"  remembered in {result['remembered']}: the next run compiles this graph "
                    f"with {fixes.describe(result['change'])}, checks it, and runs it compiled "

@@ -69,7 +69,20 @@ def root() -> Optional[str]:
 
 
 def fingerprint(gm: Any) -> str:
-    return hashlib.sha256(gm.code.encode()).hexdigest()[:16]
+    """A graph's name across its shapes: a hash of its code with the integers inside lists
+    left out (the shapes and strides Dynamo bakes into a static graph, and with them lists
+    of dims). The shapes of one graph that fail the same way share it, so one repro
+    directory and one bisection (and the fix it remembers) serve them all. Two graphs that
+    differ only there share it too: a fix remembered for one is then tried on the other,
+    which is checked like any graph and forgets a fix that does not hold."""
+    code = _LIST.sub(lambda found: _INT.sub("#", found.group(0)), gm.code)
+    return hashlib.sha256(code.encode()).hexdigest()[:16]
+
+
+# A bracketed list in FX's printed code holding only integers, symbols and commas
+# (``[4, 16]``, ``[s0, 4096]``); its integers are shapes, strides or sizes.
+_LIST = re.compile(r"\[[\w\s,-]*\]")
+_INT = re.compile(r"(?<![\w.])-?\d+(?![\w.])")
 
 
 def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:

@@ -63,7 +63,11 @@ class Mismatch(NamedTuple):
     index: int  # position among the compared values
     shape: Tuple[int, ...]
     dtype: str
-    max_abs_diff: float  # compiled vs eager
+    # The one figure said everywhere (the warning, the report, the repro): the largest
+    # error against the float64 reference, compiled's and eager's (for an integer value:
+    # the largest difference from eager, and 0)
+    compiled_error: float
+    eager_error: Optional[float]
     compiled_rmse: Optional[float]  # against the float64 reference
     eager_rmse: Optional[float]
     nonfinite: int  # NaN/inf in compiled where float64 and eager are finite
@@ -157,9 +161,10 @@ def _floating(v: Value, e: Errors, tol: float, stats: Dict[str, Any], strict: bo
         rule = "torch's criterion"
     if not rule:
         return None, torch_ok
+    truth = f if isinstance(f, torch.Tensor) else r
     return Mismatch(v.index, tuple(r.shape), str(dtype).replace("torch.", ""),
-                    float((c.double() - r.double()).abs().nan_to_num(float("inf")).max())
-                    if r.numel() else 0.0,
+                    largest_error(c, truth),
+                    largest_error(r, truth) if isinstance(f, torch.Tensor) else None,
                     _rmse(c, f) if isinstance(f, torch.Tensor) else None,
                     _rmse(r, f) if isinstance(f, torch.Tensor) else None,
                     e.nonfinite, detail or "differs", rule, torch_ok), torch_ok
@@ -258,6 +263,25 @@ def _ties(r: torch.Tensor, c: torch.Tensor, how: Derived) -> bool:
     return False
 
 
+def error_figure(m: Mismatch) -> str:
+    """The figure a user reads for a rejected value, the same in the warning, the report
+    and the repro: its largest error against float64, compiled's and eager's."""
+    if m.eager_error is None:  # no float64 value to hold it to (a Python number)
+        return m.detail
+    if m.rule == "integer":
+        return f"differs from eager by up to {m.compiled_error:.3g}"
+    return (f"largest error against float64 {m.compiled_error:.3g}, eager's "
+            f"{m.eager_error:.3g}")
+
+
+def largest_error(x: torch.Tensor, truth: torch.Tensor) -> float:
+    """The largest absolute difference of ``x`` from ``truth`` (inf where one is NaN or
+    inf and the other is not); 0 for an empty value."""
+    if not x.numel():
+        return 0.0
+    return float((x.double() - truth.double()).abs().nan_to_num(float("inf")).max())
+
+
 def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
               how: Optional[Derived]) -> Tuple[Optional[Mismatch], bool]:
     torch_ok, _ = torch_criterion(r, c, f, tol)
@@ -275,8 +299,8 @@ def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
     if how is not None:
         detail += f" (from {how.op} over floats, and not a tie in float64)"
     diff = float((c.double() - r.double()).abs().max()) if differ > 0 else 0.0
-    return Mismatch(index, tuple(r.shape), str(r.dtype).replace("torch.", ""), diff, None,
-                    None, 0, detail, "integer", torch_ok), torch_ok
+    return Mismatch(index, tuple(r.shape), str(r.dtype).replace("torch.", ""), diff, 0.0,
+                    None, None, 0, detail, "integer", torch_ok), torch_ok
 
 
 def _equal(values: List[Value]) -> Dict[int, bool]:
@@ -339,7 +363,7 @@ def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
         else:
             ok, said = torch_criterion(r, c, f, tol)
             judged[index] = (None if ok else Mismatch(
-                index, (), type(r).__name__, 0.0, None, None, 0, said or "differs",
+                index, (), type(r).__name__, 0.0, None, None, None, 0, said or "differs",
                 "torch's criterion", False), ok)
     equal = _equal(integral)
     for v in integral:

@@ -62,8 +62,8 @@ def check(graph: Graph, flat: List[Any], pre: Any, res: Any, boxed: bool) -> str
         return f"passed ({len(wanted)} gradients" + (
             "; not those of the parameters the graph holds itself)" if held else ")")
     m = bad[0]
-    return (f"{FAILED}: gradient {m.index} (shape {list(m.shape)}, {m.dtype}) differs "
-            f"from eager by up to {m.max_abs_diff:.3g}")
+    return (f"{FAILED}: gradient {m.index} (shape {list(m.shape)}, {m.dtype}): "
+            + judge.error_figure(m))
 
 
 def _grads(run: Any, flat: List[Any], pre: Any, wanted: List[int],

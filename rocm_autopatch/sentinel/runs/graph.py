@@ -31,6 +31,7 @@ class Graph:
         self.how = how
         self.fast: Any = None  # what every call runs once the graph is settled for good
         self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
+        self.shown = ""  # ``where`` with short paths, for warnings (``label``)
         self.lock = threading.Lock()
         self.analyses: Dict[Any, Any] = {}  # by shape signature
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
@@ -79,7 +80,9 @@ class Graph:
             self.settle(SKIPPED, reason)
 
     def label(self) -> str:
-        return f"graph {self.entry['graph']} of {self.entry['where']}"
+        """How a warning names it: Dynamo's id (and its piece), and ``shown``: where it was
+        compiled from, with short paths (the record keeps them whole)."""
+        return f"graph {self.entry['graph']} of {self.shown or self.entry['where']}"
 
     # ---- the graph and its runs -------------------------------------------------------------
 
