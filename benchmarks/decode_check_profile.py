@@ -26,7 +26,10 @@ import json, sys, time, torch, transformers as t
 layers, checks, alternate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
-from rocm_autopatch.sentinel import check, judge, magnitudes, schedule, snapshot
+from rocm_autopatch.sentinel import check
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
+from rocm_autopatch.sentinel.runs import snapshot
 phases, ledger, state = {}, {}, {"sync": False, "force": 0, "n": 0}
 def clocked(label, fn, *a, **k):
     # fn(*a, **k), timed between two synchronisations in the profiled generation

@@ -39,7 +39,7 @@ if bug_at:
     d.decompositions[torch.ops.aten.cos.default] = bad_cos
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
-from rocm_autopatch.sentinel import schedule
+from rocm_autopatch.sentinel.scheduling import schedule
 with torch.no_grad():
     generate(tokens if not bug_at else 2 * bug_at + 64)
     torch.cuda.synchronize()

@@ -72,7 +72,7 @@ for name, length in (("prefill", prefill), ("decode", 1)):
         # In this process: the share of the run the checks took (their own clock), and the
         # bookkeeping of one unchecked call (the schedule's decision and the queued
         # magnitude reduction, on this graph's inputs: the ids and the parameters).
-        from rocm_autopatch.sentinel import schedule as sch
+        from rocm_autopatch.sentinel.scheduling import schedule as sch
         flat = [ids] + list(model.parameters())
         plan = sch.Schedule(1, 0.01, [])
         plan.magnitudes = sch.Magnitudes(sch.watched_inputs(flat, len(flat), frozenset()))

@@ -9,6 +9,7 @@ test for an installed package's file.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import types
 from typing import Any, Dict, Optional, Tuple
@@ -41,6 +42,14 @@ def short(filename: str) -> str:
     if home not in ("~", os.sep) and filename.startswith(home + os.sep):
         return "~" + filename[len(home):]
     return filename
+
+
+def shortened(text: str) -> str:
+    """``text`` with each absolute path in it ``short``: how a warning names a frame."""
+    return _PATH.sub(lambda found: short(found.group(0)), text)
+
+
+_PATH = re.compile(r"/[^\s:()]+")
 
 
 def in_library(filename: str) -> bool:

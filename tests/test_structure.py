@@ -251,3 +251,21 @@ def test_every_module_path_kept_in_a_string_resolves() -> None:
                        if not m.group(1).startswith(TORCHS) and not any(
                            (base / m.group(1)).exists() for base in bases)]
     assert sorted(set(broken)) == []
+
+
+def test_every_import_of_the_package_names_what_is_there() -> None:
+    """``from rocm_autopatch.<module> import a`` in the package, the tests, the benchmarks,
+    the scripts and the examples: ``a`` is a submodule or a name that module defines (a move
+    that left a benchmark importing a module from where it was fails here, not on a GPU)."""
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+               *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "scripts").glob("*.py"),
+               *(ROOT / "examples").glob("*.py")]
+    broken = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] == "rocm_autopatch":
+                broken += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}"
+                           for a in node.names if not _resolves(node.module, a.name)
+                           and f"{node.module}.{a.name}" not in MODULES]
+    assert broken == []

@@ -9,7 +9,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from rocm_autopatch import settings
-from rocm_autopatch.config import caches, profiles
+from rocm_autopatch.config import caches, known_issues, profiles
 
 # Environment variables that turn on what the safe profile turns off, when set to "1",
 # and why (with the public evidence). The key that neutralises each: the safe profile's.
@@ -84,7 +84,10 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     from rocm_autopatch.startup import bootstrap
 
     environ = settings.environment()  # as the shell set it: torch's import adds some
-    data: Dict[str, Any] = {"install": installation.info(), "python": sys.version.split()[0]}
+    from rocm_autopatch import __version__
+
+    data: Dict[str, Any] = {"version": __version__, "install": installation.info(),
+                            "python": sys.version.split()[0]}
     bootstrap.start("doctor")  # where the .pth already ran: recorded, nothing more
     try:
         import torch
@@ -110,9 +113,10 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
     data["caches"]["skipping_dynamo"] = caches.skipping_dynamo(torch_module)
     data["fixes"] = _fixes()
-    data["left_out"] = profiles.LEFT_OUT
-    data["pipelining"] = pipelining(probe.triton_version(), [g["arch"] for g in data["gpus"]],
-                                    data["gemm_backends"])
+    data["left_out"] = {**profiles.LEFT_OUT, **known_issues.LEFT_OUT}
+    data["known_issues"] = known_issues.judge(
+        probe.triton_version(), report.get("hip_version"), [g["arch"] for g in data["gpus"]],
+        bool(data["gemm_backends"].get("templates_used")), environ)
     data["notes"] = notes(report, data["gpus"])
     data["tunableop"] = report["fixes"].get("tunableop") or {
         "status": "off", "reason": f"the {report.get('profile') or 'safe'} profile leaves "
@@ -133,7 +137,7 @@ def red_flags(data: Dict[str, Any]) -> List[str]:
     """Every red flag, one line each with its fix: a variable that still hangs or breaks
     compiles, a promise the package could not keep in this process (a fix or a key that
     failed: a cache it cannot write, a watchdog that cannot start), a hook that failed, an
-    affected Triton and GPU with pipelined kernels in use."""
+    known issue of this GPU, Triton or ROCm that can bite here (``known_issues``)."""
     report = data["report"]
     flags = [f"{r['name']}: {r['note']}" for r in data["environment"] if r["flag"] == "red"]
     flags += [f"{name} failed: {fix['reason']}" for name, fix in report["fixes"].items()
@@ -141,40 +145,9 @@ def red_flags(data: Dict[str, Any]) -> List[str]:
     flags += [f"{c['key']} failed: {c['reason']}" for c in report["config"]
               if c["status"] == "failed"]
     flags += [f"hook failed: {error}" for error in report["errors"]]
-    flags += [f"Triton software pipelining: {p['reason']}" for p in data["pipelining"]
-              if p["status"] == "red"]
+    flags += [f"{k['name']}: {k['reason']} [{k['ref']}]" for k in data["known_issues"]
+              if k["status"] == "red"]
     return flags
-
-
-def pipelining(triton: Optional[str], archs: List[str], gemm: Dict[str, Any]
-               ) -> List[Dict[str, Any]]:
-    """Each reported Triton pipelining failure (``profiles.PIPELINING``) judged here: not
-    needed (another Triton or GPU), kept off (Inductor's pipelined kernels, its Triton GEMM
-    templates, are not used), or red (they are, on an affected Triton and GPU)."""
-    from rocm_autopatch import torch_releases
-
-    release = torch_releases.release(triton)
-    found = []
-    for risk in profiles.PIPELINING:
-        hit = [a for a in archs if a.startswith(risk.archs)]
-        reported = (f"reported for Triton {', '.join(f'{a}.{b}' for a, b in risk.triton)} on "
-                    f"{', '.join(risk.archs)}")
-        if release not in risk.triton or not hit:
-            status, reason = "not needed", (
-                f"here: Triton {triton or 'not installed'}, AMD GPUs "
-                f"{', '.join(archs) or 'none'}; {reported}")
-        elif "TRITON" in gemm.get("templates_used", []):
-            status, reason = "red", (
-                f"Triton {triton} on {', '.join(hit)} with Triton GEMM templates autotuned: "
-                f"{risk.what}. Fix: let the profile keep GEMMs on ATen (unset "
-                "INDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS)")
-        else:
-            status, reason = "kept off", (
-                f"Triton {triton} on {', '.join(hit)}: Inductor pipelines only its Triton "
-                "GEMM/conv templates and autotuned flex attention, and GEMMs stay on ATen")
-        found.append({"what": risk.what, "ref": risk.ref, "status": status,
-                      "reason": reason})
-    return found
 
 
 def notes(report: Dict[str, Any], gpus: List[Dict[str, str]]) -> List[str]:

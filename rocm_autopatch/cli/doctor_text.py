@@ -36,7 +36,7 @@ def _summary(data: Dict[str, Any]) -> List[str]:
     gpus = ", ".join(f"{g['arch']} ({g['gpu']})" for g in data["gpus"]) or "none found"
     act = inst.get("activation") or {}
     where = next((d for d in inst["distributions"] if d["in_use"]), None)
-    out = [f"rocm-autopatch {where['version'] if where else '?'} doctor: "
+    out = [f"rocm-autopatch {data['version']} doctor: "
            f"{'active' if r['active'] else 'not active'}, profile {r['profile']}",
            f"  {r['reason']}",
            f"  torch {torch} ({build}); Python {data['python']}; AMD GPUs: {gpus}",
@@ -45,6 +45,9 @@ def _summary(data: Dict[str, Any]) -> List[str]:
            Verbatim(f"      {where['location']}") if where else "  not installed (a source "
            "tree?)"]
     out += [f"  ! {note}" for note in data.get("notes", [])]
+    if inst["duplicate"]:
+        out.append(f"  ! installed {len(inst['distributions'])} times: applied once, by the "
+                   "copy in use; uninstall the other (--verbose lists both)")
     out += ["", "What it changed" + ("" if r["active"] else ": nothing (torch's own "
                                      "configuration and torch.compile are in use)")]
     if r["active"]:
@@ -160,7 +163,8 @@ def _config(data: Dict[str, Any]) -> List[str]:
     r = data["report"]
     out = _heading(data, "Configuration (key: before -> after, source, status)",
                    "torch's own configuration is in use")
-    same = [c["key"] for c in r["config"] if c["status"] == "unchanged" and not c.get("reason")]
+    same = [c["key"] for c in r["config"] if c["status"] == "unchanged"
+            and "not used on" not in (c.get("reason") or "")]
     for c in r["config"]:
         if c["key"] in same:
             continue
@@ -241,19 +245,17 @@ def _install_lines(inst: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
 
 
 def _rules(data: Dict[str, Any]) -> List[str]:
-    """Rules that are not config keys: Triton pipelining, and what was left out (with why)."""
-    out = ["Rules without a config key"]
-    quiet = [r for r in data.get("pipelining", []) if r["status"] == "not needed"]
-    for risk in data.get("pipelining", []):
-        if risk in quiet:
-            continue
-        mark = "! " if risk["status"] == "red" else "  "
-        out.append(f"  {mark}Triton pipelining: {risk['status']}: {risk['reason']} "
-                   f"[{risk['ref']}]")
+    """Known issues judged here (``config.known_issues``), and what was left out (with why)."""
+    out = ["Known issues (by GPU, Triton and ROCm) and rules without a config key"]
+    quiet = [r for r in data.get("known_issues", []) if r["status"] == "not needed"]
+    for row in data.get("known_issues", []):
+        if row not in quiet:
+            mark = "! " if row["status"] == "red" else "  "
+            out.append(f"  {mark}{row['name']}: {row['status']}: {row['reason']} "
+                       f"[{row['ref']}]")
     if quiet:
-        here = quiet[0]["reason"].split("; ", 1)[0]
-        out.append(f"  Triton pipelining: not needed ({here}): " + "; ".join(
-            r["reason"].split("; ", 1)[1] + f" [{r['ref']}]" for r in quiet))
+        out.append("  not needed here: " + "; ".join(
+            f"{r['name']} ({r['reason']})" for r in quiet))
     for name, why in data.get("left_out", {}).items():
         out.append(f"  left out: {name}: {why}")
     return out

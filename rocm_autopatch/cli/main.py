@@ -27,7 +27,7 @@ def _report(paths: Sequence[str], as_json: bool) -> int:
     from rocm_autopatch import sentinel
     from rocm_autopatch.reporting import view
 
-    view.register(sentinel.report_part())  # the sections the concerns write of their own
+    view.register(sentinel.view_part())  # the sections the concerns write of their own
     if not paths:
         say(f"rocm-autopatch doctor --report: no report to read: give the files (written "
             f"with {settings.REPORT}=PATH, one per process), or set {settings.REPORT} as "

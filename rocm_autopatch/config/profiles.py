@@ -139,6 +139,16 @@ SAFE: Tuple[Setting, ...] = (
             "('Dynamic shape on reduction dimension is not supported' through 2.13)",
     ),
     Setting(
+        "inductor.autotune_cudagraph_benchmarking", False,
+        "times each autotuning candidate by replaying it in a CUDA graph (torch 2.14+, only "
+        "with max_autotune): on MI350 with ROCm 7.1 repeated graph timing aborts the process "
+        "(HSA_STATUS_ERROR_INVALID_PACKET_FORMAT or a segmentation fault); torch's default "
+        "is off, kept explicit to undo an environment that turns it on",
+        ref="pytorch/helion PR 3471 (torch 2.13, ROCm 7.1, MI350); pytorch PR 179246; "
+            "torch/_inductor/config.py autotune_cudagraph_benchmarking (2.14.1, 2.15.0)",
+        env=("TORCHINDUCTOR_AUTOTUNE_CUDAGRAPH_BENCHMARKING",),
+    ),
+    Setting(
         "inductor.compile_threads", 16,
         "Inductor forks min(32, CPUs it sees) GPU-attached compile workers; in containers "
         "that see the host's CPUs that oversubscribes the GPU's queues and hangs autotuning. "
@@ -242,31 +252,6 @@ LEFT_OUT: Dict[str, str] = {
         "ways: on for throughput, off for stability on consumer GPUs"
     ),
 }
-
-# Kernels Inductor pipelines on AMD GPUs (num_stages > 1): its Triton GEMM and conv
-# templates (torch/_inductor/template_heuristics/triton.py ROCmConfigHeuristic takes
-# num_stages from Triton's AMD backend default) and flex attention's autotuned configs; its
-# pointwise and reduction kernels use num_stages=1 (torch/_inductor/runtime/
-# triton_heuristics.py triton_config). No Inductor key bounds num_stages: the rule is kept
-# by both profiles' max_autotune_gemm_backends=ATEN, and the doctor says where a program
-# turns the templates back on for an affected Triton and GPU.
-class PipeliningRisk(NamedTuple):
-    archs: Tuple[str, ...]  # GPU architectures (prefixes) it was reported on
-    triton: Tuple[Tuple[int, int], ...]  # Triton (major, minor) releases it was reported on
-    what: str
-    ref: str
-
-
-PIPELINING: Tuple[PipeliningRisk, ...] = (
-    PipeliningRisk(("gfx90a", "gfx942", "gfx11", "gfx12"), ((3, 6),),
-                   "the AMD software pipeliner crashes compiling kernels with 4 or more "
-                   "loads at num_stages=4 (reported on gfx90a and gfx1201, Triton 3.6)",
-                   "triton-lang/triton#9815 (open); vllm-project/vllm PR 45017"),
-    PipeliningRisk(("gfx950",), ((3, 7),),
-                   "pipelined kernels fail the verifier (a crash) or compute deterministic "
-                   "wrong values on gfx950 with Triton 3.7; num_stages=1 avoids both",
-                   "ROCm/aiter PR 4163"),
-)
 
 # Keys that exist but that torch no longer reads: reported as no-ops, never "applied".
 NOOP_KEYS: Dict[str, str] = {

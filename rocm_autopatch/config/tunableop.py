@@ -108,7 +108,10 @@ def _install(torch: ModuleType) -> None:
     settings.export(FILENAME, run)
     record.fix(NAME, record.APPLIED, f"TunableOp on (perf profile): {count} GEMM shapes "
                f"already tuned in {where}; this process tunes new ones into "
-               f"{os.path.basename(run)} (merged at the next start)", REF)
+               f"{os.path.basename(run)} (merged at the next start). Tuned is not always "
+               "faster: on the one GPU measured (an NVIDIA H200, cuBLAS) a prefill ran from "
+               "25% faster to 12% slower than with it switched off in the same process "
+               f"(BENCHMARKS.md); compare with torch.cuda.tunable.enable(False) on yours", REF)
 
 
 def _ordinals() -> int:

@@ -20,7 +20,7 @@ import itertools
 import sys
 import threading
 import time
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from rocm_autopatch import frames, log, record, settings
 
@@ -127,20 +127,42 @@ class Watch:
                        f"{time.monotonic() - self.start:.1f} s; {self.doing()}")
 
 
-def arm(where: Tuple[str, int, str], seconds: float) -> Watch:
-    """Count a compile of ``where`` and start its timer (cancel it when done)."""
+def arm(where: Tuple[str, int, str], seconds: float) -> Optional[Watch]:
+    """Count a compile of ``where`` and start its timer (cancel it when done); None where
+    no timer can start (the compile goes on unwatched: recorded as failed, said once)."""
     with _lock:
         _compiles[where] = _compiles.get(where, 0) + 1
-    return Watch(next(_ids), where, seconds)
+    try:
+        return Watch(next(_ids), where, seconds)
+    except Exception as exc:  # noqa: BLE001 - a timer must never cost the program its compile
+        _cannot_start(exc)
+        return None
+
+
+def _cannot_start(exc: BaseException) -> None:
+    reason = (f"cannot start its timer thread here ({type(exc).__name__}: {exc}): a compile "
+              "that runs long gets no warning (a process limit on threads?)")
+    record.fix(NAME, record.FAILED, reason)
+    log.warn_once((NAME, "thread"), f"the compile watchdog {reason}")
 
 
 def install() -> float:
-    """The threshold in seconds (0 = off), recorded; the compile-frame hook arms the timer."""
+    """The threshold in seconds (0 = off), recorded; the compile-frame hook arms the timer.
+    A timer is started and stopped once here, so that one that cannot start is known (and
+    a red flag in the doctor) before the first compile needs it."""
     seconds = log.setting(ENV)
     if seconds == 0:
         record.fix(NAME, record.SKIPPED, f"turned off ({ENV}=0)")
-    else:
-        record.fix(NAME, record.APPLIED,
-                   f"one warning when a single compile runs past {seconds:g} s, then what it "
-                   f"is doing every {min(seconds, EVERY_MAX):g} s until it ends ({ENV})")
+        return seconds
+    try:
+        probe = threading.Timer(0, lambda: None)
+        probe.daemon = True
+        probe.start()
+        probe.join()
+    except Exception as exc:  # noqa: BLE001 - said, recorded; compiles go on unwatched
+        _cannot_start(exc)
+        return 0.0
+    record.fix(NAME, record.APPLIED,
+               f"one warning when a single compile runs past {seconds:g} s, then what it "
+               f"is doing every {min(seconds, EVERY_MAX):g} s until it ends ({ENV})")
     return seconds

@@ -13,7 +13,8 @@ The rest of the package enters here only; what is behind the door is laid out by
   functions, the verdicts' words;
 - ``healing/``: a graph found wrong: the alarm, its repro, the bisection and the fix
   remembered for the next run;
-- ``report_part``: the sentinel's section of the compile report, as the job view shows it.
+- ``report_part``: the sentinel's section of the compile report, as the job view shows it
+  (``view_part()`` hands it over).
 
 Nothing behind the door is imported while the sentinel is off: the functions here load
 what they need when called (the door itself needs neither torch nor the sentinel's wings).
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from rocm_autopatch.sentinel.judging.status import NAME, REF
 
-__all__ = ["NAME", "REF", "install", "report_part", "bisect", "bisect_lines", "fixes_path",
+__all__ = ["NAME", "REF", "install", "view_part", "bisect", "bisect_lines", "fixes_path",
            "forget", "remembered"]
 
 
@@ -36,7 +37,7 @@ def install(compile_fx_module: Any) -> None:
     watch.install(compile_fx_module)
 
 
-def report_part() -> Any:
+def view_part() -> Any:
     """The sentinel's section of the compile report, for ``reporting.view.register``."""
     from rocm_autopatch.sentinel.report_part import PART
 

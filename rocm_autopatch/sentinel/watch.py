@@ -30,6 +30,7 @@ watch is ``graph.Graph``; one checked call, ``check.Check``; a graph found wrong
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import types
 import weakref
@@ -49,7 +50,7 @@ from rocm_autopatch.sentinel.judging.status import (
     SKIPPED,
 )
 from rocm_autopatch.sentinel.runs import memory, numerics
-from rocm_autopatch.sentinel.runs.graph import Graph, busy
+from rocm_autopatch.sentinel.runs.graph import Graph, busy, label
 from rocm_autopatch.sentinel.runs.graph_record import section
 
 ENV = settings.VERIFY
@@ -144,16 +145,19 @@ def _compile_healed(original: Any, fix: Dict[str, Any], model_: Any, example_inp
 def _where() -> Tuple[str, str]:
     """The frame being compiled, named after the user's nearest line: where the frame is a
     library's (transformers' forward, a decorator's wrapper), the user's own line that
-    called into it first. Whole paths for the record, short ones for a warning."""
+    called into it comes first. The record's form (whole paths), and a warning's (short
+    paths; a library's frame by its package alone)."""
     where = compile_frame.current()
     if not where:
-        return "<unknown frame>", ""
+        return "<unknown frame>", "<unknown frame>"
     file, line, name = where
     site = frames.user_site(libraries=True) if frames.in_library(file) else None
     if site is None:
         return frames.label(*where), frames.label(frames.short(file), line, name)
+    package = frames.short(file).split(os.sep, 1)[0]
+    owner = package + ("'" if package.endswith("s") else "'s")
     return (f"{site[0]}:{site[1]} (into {frames.label(*where)})",
-            f"{frames.short(site[0])}:{site[1]} (into {name}, {frames.short(file)}:{line})")
+            f"{frames.short(site[0])}:{site[1]} (into {owner} {name})")
 
 
 # The graphs compiled under one Dynamo compile id. Dynamo's DDPOptimizer splits a frame's
@@ -218,8 +222,13 @@ def verdict() -> str:
             f"{' (run eagerly)' if totals[FELL_BACK] else ''}, {totals[SKIPPED]} not compared"
             + (f", {totals[PENDING]} not called yet" if totals[PENDING] else ""))
     if wrong:
-        text += "; wrong: " + "; ".join(f"graph {g['graph']} of {g['where']}"
-                                        for g in wrong[:3])
+        bugs: Dict[str, List[Dict[str, Any]]] = {}  # the graphs of each bug (one repro)
+        for g in wrong:
+            bugs.setdefault(g.get("repro") or label(g), []).append(g)
+        text += "; wrong: " + "; ".join(
+            label(graphs[0]) if len(graphs) == 1 else label({
+                **graphs[0], "graph": f"{graphs[0]['graph']} ({len(graphs)} shapes)"})
+            for graphs in list(bugs.values())[:3])
     elif totals[SKIPPED]:
         text += " (`rocm-autopatch doctor --report` or report().verify says why)"
     return text

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import threading
 from types import ModuleType
-from typing import Optional, Set, Tuple
+from typing import List, Optional, Set, Tuple
 
 # Only what deciding needs: on a CUDA or CPU torch nothing else of ours is loaded.
 from rocm_autopatch import probe, record
@@ -117,6 +117,10 @@ def _configure(module: ModuleType, namespace: str) -> None:
         if change.status == record.FAILED:
             log.warn_once(("failed", change.key),
                           f"could not set {change.key}={change.wanted!r}: {change.reason}")
+    if namespace == "inductor":  # before the compile workers start: they copy the environment
+        from rocm_autopatch.config import triton_env
+
+        triton_env.install(module)
 
 
 def on_inductor_config(module: ModuleType) -> None:
@@ -148,10 +152,13 @@ def say_what_changed() -> None:
         profile = record.REPORT.profile
     if not changed and not failed:
         return
-    log.notice(f"made torch.compile safe for ROCm ({profile} profile): {len(changed)} "
-               f"setting{'s' if len(changed) != 1 else ''} changed ({', '.join(changed)})"
-               + (f", {len(failed)} failed ({', '.join(failed)})" if failed else "")
-               + "; `rocm-autopatch doctor` says why, ROCM_AUTOPATCH=0 turns it off")
+    def names(keys: List[str]) -> str:  # "inductor.triton.cudagraphs" -> triton.cudagraphs
+        short = [key.split(".", 1)[1] for key in keys]
+        return ", ".join(short[:3]) + (f" and {len(short) - 3} more" if len(short) > 3 else "")
+
+    log.notice(f"{profile} profile: changed {names(changed) or 'nothing'}"
+               + (f"; could not set {names(failed)}" if failed else "")
+               + " (why: rocm-autopatch doctor; undo: ROCM_AUTOPATCH=0)")
 
 
 

@@ -158,7 +158,7 @@ def test_a_target_python_cannot_run_fails_as_python_does(torch_venv: Venv, proje
     assert (launched.returncode, launched.stderr) == (direct.returncode, direct.stderr)
 
 
-@pytest.mark.parametrize("name", ["log", "settings", "record", "text", "probe", "frames"])
+@pytest.mark.parametrize("name", ["log", "settings", "record", "text", "frames", "files"])
 def test_the_target_imports_what_it_would_import_run_directly(torch_venv: Venv, project: Path,
                                                               name: str) -> None:
     """issue 44: the launcher once put the package's own folder on sys.path, so a user's

@@ -217,6 +217,40 @@ def first_compile_in_capture() -> Dict[str, Any]:
         return {"raised": chain, "message": str(sys.exc_info()[1])[:400]}
 
 
+def pingpong_reaches_workers() -> Dict[str, Any]:
+    """issue 45: on gfx942 (a fake KFD topology: no AMD GPU here) with an affected Triton,
+    a program that keeps Triton GEMM templates autotuned gets TRITON_HIP_USE_BLOCK_PINGPONG=0
+    before Inductor's compile workers start: read back from each worker's environment."""
+    import tempfile
+
+    kfd = tempfile.mkdtemp()
+    os.makedirs(os.path.join(kfd, "1"))
+    with open(os.path.join(kfd, "1", "properties"), "w") as fh:
+        fh.write("gfx_target_version 90402\n")
+    os.environ.update(ROCM_AUTOPATCH_KFD_TOPOLOGY=kfd, INDUCTOR_MAX_AUTOTUNE="1",
+                      INDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS="ATEN,TRITON",
+                      TORCHINDUCTOR_COMPILE_THREADS="4")
+    import torch
+
+    import rocm_autopatch
+
+    x = torch.randn(512, 512, device="cuda", dtype=torch.half)
+    torch.compile(lambda a, b: torch.relu(a @ b))(x, x)
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"compile_worker" not in fh.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
+            found.append(env.get(b"TRITON_HIP_USE_BLOCK_PINGPONG", b"unset").decode())
+        except OSError:
+            continue
+    return {"parent": os.environ.get("TRITON_HIP_USE_BLOCK_PINGPONG"), "workers": found,
+            "fix": rocm_autopatch.report().fixes.get("triton_pingpong")}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -232,6 +266,7 @@ SCENARIOS: Dict[str, tuple] = {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_COMPILE_IN_CAPTURE": "1"}),
     "first_compile_in_capture_policy": (first_compile_in_capture, {"ROCM_AUTOPATCH": "force"}),
     "first_compile_in_capture_plain": (first_compile_in_capture, {"ROCM_AUTOPATCH": "0"}),
+    "pingpong_reaches_workers": (pingpong_reaches_workers, {"ROCM_AUTOPATCH": "force"}),
 }
 
 

@@ -63,3 +63,9 @@ def test_first_compile_in_capture(results: dict) -> None:
         results["first_compile_in_capture_plain"]["raised"]
     policy = results["first_compile_in_capture_policy"]
     assert policy["raised"] == [] and policy["max_abs_diff"] < 1e-2
+
+
+def test_the_pingpong_variable_reaches_every_compile_worker(results: dict) -> None:
+    found = results["pingpong_reaches_workers"]
+    assert found["parent"] == "0" and found["fix"]["status"] == "applied"
+    assert found["workers"] and set(found["workers"]) == {"0"}, found

@@ -11,7 +11,7 @@ from rocm_autopatch import sentinel
 from rocm_autopatch.reporting import schema, view
 
 pytestmark = pytest.mark.fast
-view.register(sentinel.report_part())  # as the doctor does before reading reports
+view.register(sentinel.view_part())  # as the doctor does before reading reports
 
 
 def _report(pid: int, rank: Any = None, **compile_: Any) -> Dict[str, Any]:

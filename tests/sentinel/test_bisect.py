@@ -32,7 +32,7 @@ d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) *
 import os
 marker = os.environ.get("CRASH_FIX_CHECK_ONCE")
 if marker:
-    from rocm_autopatch.sentinel import fixes
+    from rocm_autopatch.sentinel.healing import fixes
     applied = fixes.applied
 
     def crash_once(*args, **kwargs):
@@ -120,8 +120,9 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     assert result["change"] == {"kind": "skip", "backend": "aot_eager_decomp_partition",
                                 "subsystem": "decomposition",
                                 "target": "<OpOverload(op='aten.silu', overload='default')>"}
-    # The ROCm knobs: each said not to apply to a CPU graph, and why.
-    assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 5
+    # The knobs: each said not to apply to a CPU graph (strict numerics: not in torch 2.13
+    # or 2.14's form), and why.
+    assert [t["outcome"].split(":")[0] for t in result["tried"]] == ["not tried"] * 6
     progress = (folder / "bisect-run.log").read_text()
     assert "rocm-autopatch bisect: step 1 " in progress and "applications" in progress
     assert (tmp_path / "crashed").exists() and "(again: the last run gave no verdict)" in progress
@@ -256,3 +257,33 @@ def test_the_pipelining_knob_builds_inductors_rocm_templates_with_one_stage() ->
         assert {c.num_stages for c in heuristic.mm_configs} == {1}
     assert inductor_utils.get_backend_num_stages is before
     assert fixes.describe(knob.change).startswith("Triton software pipelining off")
+
+
+@pytest.mark.fast
+def test_strict_numerics_is_tried_only_where_it_reaches_pointwise_math() -> None:
+    """issue 45: Inductor's strict numerics (pytorch PR 195640) is the last knob a
+    bisection tries and remembers, compiled instead of eager: where the running torch's
+    ``numerics`` has torch 2.15's modes. 2.14's "strict" orders NVIDIA sums only; 2.13 has
+    no such key (the running torch of this suite says which)."""
+    import types
+    from typing import Literal
+
+    import torch._inductor.config as config
+
+    from rocm_autopatch.sentinel.healing import bisect, fixes
+
+    def fake(annotation: object) -> types.ModuleType:
+        module = types.ModuleType("fake_inductor_config")
+        module._config = {"numerics": types.SimpleNamespace(value_type=annotation)}
+        return module
+
+    modes_2_15 = Literal["default", "strict_pointwise", "strict_reduction", "strict"]
+    assert bisect._strict({}, "", fake(modes_2_15)) == ""
+    assert "NVIDIA CUDA sums only" in bisect._strict({}, "", fake(Literal["default",
+                                                                          "strict"]))
+    here = bisect._strict({}, "")
+    if "numerics" not in config._config:  # torch 2.13: no key
+        assert "no strict numerics" in here
+    (knob,) = [k for k in bisect.KNOBS if k.change.get("key") == "numerics"]
+    assert bisect.KNOBS[-1] is knob and knob.change["value"] == "strict"
+    assert fixes.describe(knob.change) == "inductor config numerics='strict'"

@@ -44,6 +44,12 @@ def test_ddp_training_with_a_miscompile_on_one_rank_falls_back_there_alone(
         json.dumps(healthy["graphs"])
     assert buggy["graphs"] and {g["status"] for g in buggy["graphs"]} == {"fell back"}
     assert all(g["reason"].startswith("forward differs") for g in buggy["graphs"])
+    # issue 44: the pieces once all carried their frame's one name ("graph 4/0"), so the
+    # job view printed identical red flags for different pieces. Each has its index now.
+    for rank in ranks:
+        names = [g["graph"] for g in rank["graphs"]]
+        assert len(names) > 1 and len(set(names)) == len(names), names
+        assert all(" piece " in name for name in names), names
     # Both ranks train as eager does, collectives paired to the end.
     for got, want in zip(ranks, eager):
         assert got["losses"] == pytest.approx(want["losses"], rel=1e-5)

@@ -43,7 +43,7 @@ def test_the_repro_directory_alone_reproduces_without_the_package(
     (graph,), err = _job(torch_venv, True, ROCM_AUTOPATCH_VERIFY_DIR=str(root))
     assert graph["status"] == "failed"
     folder = Path(graph["repro"])
-    assert folder.parent == root and f"attach {folder}" in err
+    assert folder.parent == root and f"/{folder.name} (attach it to an issue" in err
     assert sorted(p.name for p in folder.iterdir()) == ["env.json", "inputs", "repro.py"]
     env = json.loads((folder / "env.json").read_text())
     assert env["torch"] and env["verdict"]["status"] == "failed" and env["config_applied"]

@@ -117,8 +117,8 @@ def test_cpu_build_without_force_sees_the_same_torch(torch_venv: Venv) -> None:
     assert with_package["finders"][1:] == without["finders"]
     # Deciding loads these few; the profiles, logging and fixes are never loaded here.
     assert with_package["ours"] == ["_rocm_autopatch_start", "rocm_autopatch",
-                                    "rocm_autopatch.probe", "rocm_autopatch.reporting",
-                                    "rocm_autopatch.record", "rocm_autopatch.startup",
+                                    "rocm_autopatch.probe", "rocm_autopatch.record",
+                                    "rocm_autopatch.startup",
                                     "rocm_autopatch.startup.bootstrap",
                                     "rocm_autopatch.startup.post_import",
                                     "rocm_autopatch.startup.wiring"]

@@ -31,9 +31,10 @@ import contextlib
 import json
 import os
 import re
+import typing
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from rocm_autopatch import files
+from rocm_autopatch import files, torch_releases
 from rocm_autopatch.sentinel.healing import fixes
 from rocm_autopatch.sentinel.healing.steps import OutOfTime, Runner
 
@@ -79,6 +80,23 @@ def _tuned(env: Dict[str, Any], text: str) -> str:
     return "autotuning is off in this graph's configuration: its GEMMs already run on ATen"
 
 
+def _strict(env: Dict[str, Any], text: str, config: Any = None) -> str:
+    """Inductor's strict numerics where the running torch has the form that reaches
+    pointwise math (2.15: ``numerics`` of "default", "strict_pointwise",
+    "strict_reduction", "strict", strict implying eager's division rounding, no flush to
+    zero and precision casts); 2.14's "strict" orders NVIDIA CUDA sums only."""
+    if config is None:
+        import torch._inductor.config as config
+    modes = typing.get_args(getattr(torch_releases.config_entry(config, "numerics"),
+                                    "value_type", None))
+    if not modes:
+        return "this torch has no strict numerics (torch 2.15+: numerics='strict')"
+    if "strict_pointwise" not in modes:
+        return ("this torch's strict numerics orders NVIDIA CUDA sums only (torch 2.14); "
+                "torch 2.15's reaches pointwise math")
+    return ""
+
+
 KNOBS = (
     Knob("Triton's block ping-pong scheduling off",
          {"kind": "env", "name": "TRITON_HIP_USE_BLOCK_PINGPONG", "value": "0"}, _amd,
@@ -97,6 +115,11 @@ KNOBS = (
          {"kind": "stages1"}, _amd,
          "triton-lang/triton#9815, ROCm/aiter PR 4163; torch/_inductor/utils.py "
          "get_backend_num_stages"),
+    # Last: the broadest change, eager's numerics in every kernel of the graph, still
+    # compiled (a fix remembered instead of running the graph eagerly).
+    Knob("Inductor's strict numerics (eager's pointwise math and reduction order)",
+         {"kind": "config", "module": "inductor", "key": "numerics", "value": "strict"},
+         _strict, "pytorch PR 195640; torch/_inductor/config.py numerics (2.15.0)"),
 )
 
 def _where_now(bisector: Any) -> str:

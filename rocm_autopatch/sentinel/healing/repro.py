@@ -43,14 +43,15 @@ SAVE_BYTES = 64 * 2**20  # inputs saved up to this total; above, regenerated fro
 MARKER = "# ---- copied into repro.py from here"
 
 
-def runner() -> str:
+def runner(value: Optional[int] = None) -> str:
     """The end of every repro.py: ``repro_runner``'s code, then its call with the judge's
     thresholds (a floor of half a rounding unit keeps float32 noise, where eager happens to
-    round exactly, from reproducing)."""
+    round exactly, from reproducing) and the output the sentinel rejected (``value``), whose
+    figure the repro prints as the warning did."""
     source = inspect.getsource(repro_runner)
     limits = {"min_elements": judge.MIN_ELEMENTS, "low_elements": judge.LOW_PRECISION_ELEMENTS,
               "floor": judge.SYSTEMATIC_FLOOR, "ratio": judge.SYSTEMATIC_RATIO,
-              "ratio_low": judge.SYSTEMATIC_RATIO_LOW}
+              "ratio_low": judge.SYSTEMATIC_RATIO_LOW, "value": value}
     return ("\n\n# ---- rocm-autopatch: compiled, eager and float64 on these inputs; exit 1 "
             "if it reproduces\n" + source[source.index(MARKER):] +
             "\n\nif __name__ == \"__main__\":\n"
@@ -69,20 +70,27 @@ def root() -> Optional[str]:
 
 
 def fingerprint(gm: Any) -> str:
-    """A graph's name across its shapes: a hash of its code with the integers inside lists
-    left out (the shapes and strides Dynamo bakes into a static graph, and with them lists
-    of dims). The shapes of one graph that fail the same way share it, so one repro
-    directory and one bisection (and the fix it remembers) serve them all. Two graphs that
-    differ only there share it too: a fix remembered for one is then tried on the other,
-    which is checked like any graph and forgets a fix that does not hold."""
-    code = _LIST.sub(lambda found: _INT.sub("#", found.group(0)), gm.code)
-    return hashlib.sha256(code.encode()).hexdigest()[:16]
+    """A graph's name across its shapes: a hash of the ops that make its tensors, in order,
+    with nothing of their sizes. Dynamo compiles a frame again for a new shape, first with
+    sizes written into the graph, then with symbols and the ops that compute them: the
+    shapes of one graph that fail the same way share this name, so one repro directory,
+    one warning and one bisection (and the fix it remembers) serve them all. Two graphs
+    that call the same ops in the same order share it too: a fix remembered for one is
+    then tried on the other, which is checked like any graph and forgets a fix that does
+    not hold."""
+    from rocm_autopatch.sentinel.runs.numerics import node_name
+
+    ops = [f"{n.op}:{node_name(n)}" for n in gm.graph.nodes
+           if n.op in ("call_function", "call_method", "call_module")
+           and not _size_like(n.meta.get("example_value", n.meta.get("val")))]
+    return hashlib.sha256("\n".join(ops).encode()).hexdigest()[:16]
 
 
-# A bracketed list in FX's printed code holding only integers, symbols and commas
-# (``[4, 16]``, ``[s0, 4096]``); its integers are shapes, strides or sizes.
-_LIST = re.compile(r"\[[\w\s,-]*\]")
-_INT = re.compile(r"(?<![\w.])-?\d+(?![\w.])")
+def _size_like(value: Any) -> bool:
+    """A node that computes a size (an int, a SymInt, a tuple of them), not a tensor."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(_size_like(v) for v in value)
+    return isinstance(value, (int, torch.SymInt, torch.Size))
 
 
 def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -98,6 +106,11 @@ def _environment(entry: Dict[str, Any]) -> Dict[str, Any]:
                                                    "found_at_call", "found_because")}}
 
 
+# The repro directories this process wrote, by fingerprint: the first shape of a bug keeps
+# its directory (its warning names it); a directory an earlier run left is replaced.
+_WRITTEN: Dict[str, str] = {}
+
+
 def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
     """Write the repro of ``gm`` called on ``inputs``; its directory, or "" (with the
     reason in the record) when none was written. Never raises."""
@@ -107,6 +120,8 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
             return ""
         name = fingerprint(gm)
         where = os.path.join(base, name)
+        if _WRITTEN.get(name) == where:  # another shape of the same bug: the first kept
+            return where
         # Written aside, then moved in whole: ranks that found the same graph wrong write the
         # same directory, and none may read another's half-written one.
         os.makedirs(base, exist_ok=True)
@@ -114,6 +129,7 @@ def write(gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> str:
         try:
             _fill(work, gm, inputs, entry)
             _move_in(work, where)
+            _WRITTEN[name] = where
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return where
@@ -187,7 +203,9 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
               "wrong by rocm-autopatch's numerics sentinel: python repro.py exits 1 when "
               'it reproduces (needs torch only). env.json: the environment."""\n')
     with open(os.path.join(where, "repro.py"), "w") as fh:
-        fh.write(header + note + body + runner())
+        mismatch = entry.get("mismatch") or {}
+        fh.write(header + note + body + runner(
+            mismatch.get("index") if mismatch.get("what") == "output" else None))
     device = next((x.device.type for x in inputs if isinstance(x, torch.Tensor)), None)
     with open(os.path.join(where, "env.json"), "w") as fh:
         json.dump({**_environment(entry), "device": device}, fh, indent=1, default=str)

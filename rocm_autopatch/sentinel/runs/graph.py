@@ -10,7 +10,7 @@ import functools
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch import record
+from rocm_autopatch import frames, record
 from rocm_autopatch.sentinel.judging import allowance
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import graph_record, numerics, reference
@@ -31,7 +31,7 @@ class Graph:
         self.how = how
         self.fast: Any = None  # what every call runs once the graph is settled for good
         self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
-        self.shown = ""  # ``where`` with short paths, for warnings (``label``)
+        self.shown = ""  # where it was compiled from, as a warning says it (``label``)
         self.lock = threading.Lock()
         self.analyses: Dict[Any, Any] = {}  # by shape signature
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
@@ -80,8 +80,8 @@ class Graph:
             self.settle(SKIPPED, reason)
 
     def label(self) -> str:
-        """How a warning names it: Dynamo's id (and its piece), and ``shown``: where it was
-        compiled from, with short paths (the record keeps them whole)."""
+        """How a warning names it: Dynamo's id (and its piece), and where it was compiled
+        from, short (``shown``; the record keeps the whole paths)."""
         return f"graph {self.entry['graph']} of {self.shown or self.entry['where']}"
 
     # ---- the graph and its runs -------------------------------------------------------------
@@ -149,3 +149,9 @@ def op_names(gm: Any) -> List[str]:
                 if n.op in ("call_function", "call_method", "call_module")]
     except Exception:  # noqa: BLE001 - no names: no allowance, judged as before
         return []
+
+
+def label(entry: Dict[str, Any]) -> str:
+    """A graph's record as the exit line names it, paths short: ``graph 0/1 of run.py:12
+    (into forward (transformers/models/opt/modeling_opt.py:840))``."""
+    return f"graph {entry['graph']} of {frames.shortened(str(entry['where']))}"
