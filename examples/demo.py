@@ -126,10 +126,12 @@ def main():
           f"{result.get('seconds', 0):.0f} s); fix remembered: {bool(result['remembered'])}")
     tokens, report, _ = run("opt_generate.py", fallback, True)
     right = "correct" if tokens["compiled"] == truth else "WRONG"
+    left = len(report["repros"])
     print(f"   the next run (fallback): tokens {tokens['compiled']}  {right}; "
-          f"{report['healed']} graph compiled with the remembered fix, checked and run "
-          f"compiled; {len(report['repros'])} still run eagerly (bisect "
-          f"{'it' if len(report['repros']) == 1 else 'them'} too)")
+          f"{report['healed']} graph{'s' if report['healed'] != 1 else ''} compiled with the "
+          "remembered fix, checked and run compiled"
+          + (f"; {left} still run eagerly (bisect {'it' if left == 1 else 'them'} too)"
+             if left else ""))
     print("\n`rocm-autopatch doctor` shows the setup; ROCM_AUTOPATCH_REPORT=PATH writes what "
           "each run did (README).")
 

@@ -56,7 +56,10 @@ def _summary(data: Dict[str, Any]) -> List[str]:
             or row["name"].startswith(settings.MODE)]
     if rows:
         out += ["", "Variables that matter (~ overridden, = kept as you asked, ! red flag)"]
-        out += [f"  {MARKS[row['flag']]}{row['name']}={row['value'][:40]}" for row in rows]
+        for row in rows:
+            out.append(f"  {MARKS[row['flag']]}{row['name']}={row['value'][:40]}")
+            if row["flag"] in ("neutralised", "kept"):  # red ones: their note is a red flag
+                out.append(f"      {row['note']}")
     return out
 
 
@@ -64,12 +67,16 @@ def _changed(data: Dict[str, Any]) -> List[str]:
     r = data["report"]
     moved = [c for c in r["config"] if c["status"] == "applied"]
     out = [f"  {c['key']}: {c['before']!r} -> {c['after']!r}" for c in moved]
-    same = sum(c["status"] == "unchanged" for c in r["config"])
-    other = len(r["config"]) - len(moved) - same
-    out.append(f"  ({same} more keys already had the {r['profile']} value"
-               + (f"; {other} skipped or failed" if other else "") + ")")
-    fixes = [f"{name} {fix['status']}" for name, fix in r["fixes"].items()]
-    out.append("  fixes: " + (", ".join(fixes) or "none"))
+    count = {status: sum(c["status"] == status for c in r["config"])
+             for status in ("unchanged", "skipped", "failed", "pending")}
+    out.append(f"  ({count['unchanged']} more keys already had the {r['profile']} value"
+               + "".join(f"; {n} {status}" for status, n in count.items()
+                         if n and status != "unchanged") + ")")
+    by_status: Dict[str, List[str]] = {}
+    for name, fix in r["fixes"].items():
+        by_status.setdefault(fix["status"], []).append(name)
+    out.append("  fixes: " + ("; ".join(f"{status}: {', '.join(names)}"
+                                        for status, names in by_status.items()) or "none"))
     rewrites = sum(rw["count"] for rw in r["compile_rewrites"])
     if rewrites:
         out.append(f"  torch.compile calls rewritten in this process: {rewrites}")

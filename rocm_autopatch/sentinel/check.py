@@ -16,7 +16,7 @@ from rocm_autopatch import record
 from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
-from rocm_autopatch.sentinel.runs import backward, memory, numerics, snapshot
+from rocm_autopatch.sentinel.runs import backward, footprint, memory, numerics, snapshot
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
 from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
 
@@ -120,8 +120,9 @@ class Check:
             watch = magnitudes.watched_inputs(self.flat, self.count, self.analysis.mutated)
             plan.magnitudes = magnitudes.Magnitudes(
                 watch, magnitudes.integer_inputs(self.flat, watch))
-        need = numerics.reference_bytes(
-            self.analysis, snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
+        need = footprint.reference_bytes(
+            self.analysis.footprint,
+            snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)
         room = memory.free_bytes(self.device) if self.device is not None else None
         if room is None or need <= room * memory.SHARE:

@@ -63,6 +63,6 @@ def test_an_override_names_its_variable_as_its_reason(torch_venv: Venv) -> None:
     assert out["source"] == "override" and out["ref"] == ""
     assert out["why"].startswith("set by INDUCTOR_MAX_AUTOTUNE='1' in the environment")
     assert "GEMM autotuning" not in out["why"]
-    text = doctor(torch_venv, env={**FORCE, "INDUCTOR_MAX_AUTOTUNE": "1"}).stdout
+    text = doctor(torch_venv, "--verbose", env={**FORCE, "INDUCTOR_MAX_AUTOTUNE": "1"}).stdout
     assert "why: set by INDUCTOR_MAX_AUTOTUNE='1'" in flat(text)
 

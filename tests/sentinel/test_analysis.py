@@ -51,11 +51,35 @@ def test_the_memory_a_check_needs_is_a_plain_number() -> None:
     torch = pytest.importorskip("torch")
     from rocm_autopatch.sentinel.runs import numerics
 
-    found = numerics.analyse(lambda x: (x.sin() * 2).sum(0), [torch.ones(4, 8)])
-    assert type(found.temp_bytes) is int and type(found.temp_fp64_bytes) is int
-    assert found.temp_bytes == 4 * 8 * 4 * 2 + 8 * 4  # sin, mul, sum: float32
-    assert found.temp_fp64_bytes == 2 * found.temp_bytes
-    assert f"{found.temp_bytes / 2**30:.2f}" == "0.00"
+    found = numerics.analyse(lambda x: (x.sin() * 2).sum(0), [torch.ones(4, 8)]).footprint
+    assert all(type(v) is int for v in found)
+    # sin (128 B) is alive while mul makes its 128 B; then only mul's and sum's 32 B.
+    assert (found.peak_bytes, found.peak_fp64_bytes) == (256, 512)
+    assert found.cast_fp64_bytes == 256  # sin reads the input: cast to float64 for it
+    assert (found.out_bytes, found.out_fp64_bytes) == (32, 64)
+
+
+def test_what_a_check_holds_counts_values_alive_at_once_and_one_weight_cast_at_a_time(
+        ) -> None:
+    """issue 43: the memory a check needs was every tensor the graph creates, each in
+    float64 four times over (338 GiB for an 8B prefill, which went unchecked). Values let go
+    after their last use are not held, and the float64 run casts one op's weights at a
+    time: a chain of three 4 MiB weights needs one weight's cast, not three."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.runs import footprint, numerics
+
+    w = [torch.randn(1024, 1024) for _ in range(3)]
+    x = torch.randn(16, 1024)
+    gm = torch.fx.symbolic_trace(
+        lambda x, a, b, c: torch.relu(torch.relu(torch.relu(x @ a) @ b) @ c))
+    found = numerics.analyse(gm, [x, *w]).footprint
+    weight64 = 1024 * 1024 * 8
+    assert weight64 <= found.cast_fp64_bytes <= weight64 + 16 * 1024 * 8
+    activation = 16 * 1024 * 4
+    assert found.peak_bytes <= 2 * activation  # two activations at most at once
+    need = footprint.reference_bytes(found, 0)
+    assert need < 2 * weight64, need  # the three weights in float64 would be 3 * weight64
+
 
 
 @pytest.mark.parametrize("op", ["diag", "trace", "narrow_copy", "split_with_sizes_copy",

@@ -142,7 +142,7 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     assert second["ok"] and graph["status"] == "passed", second
     assert graph["healed"] == ("the decomposition of aten.silu.default left out (the op runs "
                                "as ATen's)")
-    doctor = _cli(torch_venv, "doctor", env=_env(tmp_path))
+    doctor = _cli(torch_venv, "doctor", "--verbose", env=_env(tmp_path))
     assert f"graph {folder.name}: the decomposition of aten.silu.default" in doctor.stdout
     gone = _cli(torch_venv, "forget", "--all", env=_env(tmp_path))
     assert gone.returncode == 0 and gone.stdout.startswith("forgot 1 fix")

@@ -76,7 +76,7 @@ def test_a_miscompile_is_caught_named_as_torch_names_it_and_flagged(torch_venv: 
     (warning,) = warnings(proc)
     # The warning says the same place with the path short: the script is in the program's
     # working directory.
-    assert f"compiled graph 0/0 of {name} (job.py:{line}) computes wrong numbers" in warning
+    assert f"numerics: graph 0/0 of {name} (job.py:{line}) computes wrong numbers" in warning
     assert f"largest error against float64 {m['compiled_error']:.3g}" in warning
     assert "compiled ones, unchanged" in warning and "ROCM_AUTOPATCH_VERIFY=fallback" in warning
     # The compile report carries it, and the job view makes it a red flag (exit 1).

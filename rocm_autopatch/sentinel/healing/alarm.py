@@ -87,7 +87,7 @@ def _warning(graph: Graph, m: Any, outputs: int, why: str, folder: str,
     largest error against float64) under which rule, when it was found, what became of the
     results, the repro and what to do next."""
     plan = graph.schedule
-    lines = [f"numerics: compiled {graph.label()} computes wrong numbers",
+    lines = [f"numerics: {graph.label()} computes wrong numbers",
              headline(m, outputs) if m is not None
              else f"its backward pass differs: {graph.entry['backward']}"]
     if plan.calls > 1:

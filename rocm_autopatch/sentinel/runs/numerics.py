@@ -27,6 +27,9 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
+from rocm_autopatch.sentinel.runs import footprint
+from rocm_autopatch.sentinel.runs.footprint import Footprint, storage_of
+
 # Batch-norm kernels (native, cuDNN, MIOpen) update running_mean/running_var in training
 # without a write annotation in their schema; AOT autograd special-cases them too.
 _HIDDEN_WRITES = ("running_mean", "running_var")
@@ -37,8 +40,7 @@ class Analysis(NamedTuple):
     random: Tuple[str, ...]  # random ops it calls (aten names)
     error: str = ""  # why it could not be analysed ("" when it was)
     effects: Tuple[str, ...] = ()  # ops that may act outside the graph (custom ops)
-    temp_bytes: int = 0  # every tensor the graph creates, in its own dtype
-    temp_fp64_bytes: int = 0  # the same, floating ones in float64
+    footprint: Footprint = Footprint()  # what its runs hold at their peak (footprint.py)
     collectives: Tuple[str, ...] = ()  # collectives it dispatches (never run again)
 
 
@@ -126,12 +128,6 @@ def bind_state(fn: Callable[..., Any], gm: torch.fx.GraphModule, names: List[str
     return run
 
 
-def storage_of(t: torch.Tensor) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    return StorageWeakRef(t.untyped_storage())
-
-
 def not_compared(collectives: Tuple[str, ...]) -> str:
     """Why a graph that communicates is not compared (the record's reason)."""
     return (f"not compared: it communicates ({', '.join(collectives)}); running it again on "
@@ -160,8 +156,8 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
     random: Dict[str, None] = {}
     effects: Dict[str, None] = {}
     talks: Dict[str, None] = {}
-    seen: set = set()
-    made = [0, 0]  # bytes the graph creates: in its dtypes, in float64
+    given: set = set()
+    counter = footprint.Counter(given)
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
@@ -184,25 +180,25 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
                 talks[f"{namespace}::{func.overloadpacket.__name__}"] = None
             elif namespace not in PURE_NAMESPACES:
                 effects[f"{namespace}::{func.overloadpacket.__name__}"] = None
+            counter.before(leaves((a, kw)))
             out = func(*a, **kw)
-            _count_new(out, seen, made)
+            counter.after(leaves(out))
             return out
 
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True,
                               shape_env=ShapeEnv() if symbolic else None)
         fakes = [_fake(mode, x) if isinstance(x, torch.Tensor) else x for x in args]
-        seen.update(storage_of(f) for f in fakes if isinstance(f, torch.Tensor))
+        given.update(storage_of(f) for f in fakes if isinstance(f, torch.Tensor))
         before = [_version(f) for f in fakes]
         with mode, Recorder(), quiet():
-            gm(*fakes)
+            found = counter.result(leaves(gm(*fakes)))
         mutated = frozenset(
             i for i, (f, v) in enumerate(zip(fakes, before))
             if isinstance(f, torch.Tensor) and (storage_of(f) in written or _version(f) != v))
     except Exception as exc:  # noqa: BLE001 - a graph we cannot analyse is not checked
         return Analysis(frozenset(), (), f"{type(exc).__name__}: {_first_line(exc)}")
-    return Analysis(mutated, tuple(random), "", tuple(effects), _concrete(made[0]),
-                    _concrete(made[1]), tuple(talks))
+    return Analysis(mutated, tuple(random), "", tuple(effects), found, tuple(talks))
 
 
 def _fake(mode: Any, x: torch.Tensor) -> Any:
@@ -219,30 +215,6 @@ def _fake(mode: Any, x: torch.Tensor) -> Any:
         except Exception:  # noqa: BLE001 - an older converter: faked without its value
             pass
     return mode.from_tensor(x)
-
-
-def _concrete(size: Any) -> int:
-    """A byte count as a plain int. The fake run's shape environment makes sizes symbolic
-    (each with the real call's value as its hint); a symbolic total reached the skip
-    message's format string and raised into the program (the two-GPU job, rank 1 short of
-    memory). A size with no hint counts as unknown, 0."""
-    try:
-        return int(size)
-    except Exception:  # noqa: BLE001 - an unbacked size: nothing to add
-        return 0
-
-
-def _count_new(out: Any, seen: set, made: List[int]) -> None:
-    """Add the bytes of the storages ``out`` creates (not seen before) to ``made``: in their
-    own dtype, and as float64 for the floating ones."""
-    for t in leaves(out):
-        if isinstance(t, torch.Tensor):
-            storage = storage_of(t)
-            if storage not in seen:
-                seen.add(storage)
-                size = t.untyped_storage().nbytes()
-                made[0] += size
-                made[1] += size // t.element_size() * 8 if t.is_floating_point() else size
 
 
 @contextlib.contextmanager
@@ -301,14 +273,6 @@ def changed(args: List[Any], before: List[Optional[int]]) -> FrozenSet[int]:
     """Inputs whose version counter moved since ``before``: what a call wrote."""
     return frozenset(i for i, (x, v) in enumerate(zip(args, before))
                      if v is not None and _version(x) != v)
-
-
-def reference_bytes(analysis: Analysis, state: int) -> int:
-    """Memory a forward check may need at its peak, before anything is copied: the state
-    the graph writes (``state`` bytes: kept, a copy for eager, one in float64), every tensor
-    the eager run creates, every one the float64 run creates, and the judge's float64
-    temporaries (three per created float64 value, bounded by the float64 run's total)."""
-    return 2 * state + state * 4 + analysis.temp_bytes + 4 * analysis.temp_fp64_bytes
 
 
 # ---- what the judge needs from the graph -------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.runs import numerics, reference
+from rocm_autopatch.sentinel.runs import footprint, reference
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ class Snapshot:
         by_storage: Dict[Any, List[int]] = {}
         for i, x in enumerate(flat):
             if isinstance(x, torch.Tensor):
-                by_storage.setdefault(numerics.storage_of(x), []).append(i)
+                by_storage.setdefault(footprint.storage_of(x), []).append(i)
         self.groups: List[Tuple[List[int], torch.Tensor, Optional[List[Any]]]] = []
         for members in by_storage.values():
             if not any(i in mutated for i in members):
@@ -48,7 +48,7 @@ class Snapshot:
         for i in mutated:
             x = flat[i]
             if isinstance(x, torch.Tensor):
-                sizes[numerics.storage_of(x)] = x.untyped_storage().nbytes()
+                sizes[footprint.storage_of(x)] = x.untyped_storage().nbytes()
         return sum(sizes.values())
 
     @property
