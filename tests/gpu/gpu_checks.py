@@ -251,6 +251,44 @@ def pingpong_reaches_workers() -> Dict[str, Any]:
             "fix": rocm_autopatch.report().fixes.get("triton_pingpong")}
 
 
+def check_memory_estimate() -> Dict[str, Any]:
+    """issue 43: the memory a check of a prefill needs, as the sentinel estimates it before
+    the check, against torch's own peak counter around the checked call (the first) and an
+    unchecked one (the second; no sampled checks with a budget of 0)."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_BUDGET="0",
+                      ROCM_AUTOPATCH_VERIFY_DIR="off")
+    import torch
+    import transformers as t
+
+    from rocm_autopatch.sentinel.runs import footprint
+
+    said = []
+    real = footprint.reference_bytes
+
+    def spy(found: Any, state: int) -> int:
+        said.append(real(found, state))
+        return said[-1]
+
+    footprint.reference_bytes = spy
+    torch.manual_seed(0)
+    cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                        num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4)
+    with torch.device("cuda"):
+        model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 32000, (1, 2048), device="cuda")
+    f = torch.compile(model)
+    peaks = []
+    with torch.no_grad():
+        for _ in range(2):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            f(input_ids=ids)
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - base)
+    return {"estimate": said, "extra": peaks[0] - peaks[1]}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -267,6 +305,7 @@ SCENARIOS: Dict[str, tuple] = {
     "first_compile_in_capture_policy": (first_compile_in_capture, {"ROCM_AUTOPATCH": "force"}),
     "first_compile_in_capture_plain": (first_compile_in_capture, {"ROCM_AUTOPATCH": "0"}),
     "pingpong_reaches_workers": (pingpong_reaches_workers, {"ROCM_AUTOPATCH": "force"}),
+    "check_memory_estimate": (check_memory_estimate, {"ROCM_AUTOPATCH": "force"}),
 }
 
 

@@ -69,3 +69,9 @@ def test_the_pingpong_variable_reaches_every_compile_worker(results: dict) -> No
     found = results["pingpong_reaches_workers"]
     assert found["parent"] == "0" and found["fix"]["status"] == "applied"
     assert found["workers"] and set(found["workers"]) == {"0"}, found
+
+
+def test_a_checks_memory_estimate_is_above_what_it_takes_and_near_it(results: dict) -> None:
+    found = results["check_memory_estimate"]
+    (estimate,) = found["estimate"]
+    assert found["extra"] <= estimate <= 2 * found["extra"], found
