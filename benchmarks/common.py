@@ -55,6 +55,19 @@ def generate(n):
                           pad_token_id=0)
 """
 
+# Child code: decode speed, tokens/s over three greedy generations (needs ``generate()``,
+# ``tokens``, ``time``): benchmarks/tunableop.py and perf_rounds.py.
+TOKENS_PER_S = """
+def tokens_per_s():
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(3):
+        generate()
+    torch.cuda.synchronize()
+    return round(3 * tokens / (time.perf_counter() - start), 2)
+"""
+
+
 def child_env(**arm: str) -> Dict[str, str]:
     """This environment without any variable that would change torch or us, plus ``arm``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(OURS)}

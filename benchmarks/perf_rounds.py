@@ -36,7 +36,7 @@ import sys
 import tempfile
 from typing import Any, Dict, List
 
-from common import LLAMA_1B, meta, run_arm
+from common import LLAMA_1B, TOKENS_PER_S, meta, run_arm
 
 CHILD = LLAMA_1B + r"""
 import json, statistics, sys, time
@@ -86,13 +86,7 @@ prompt = ids[:, :16]
 def generate():
     return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens,
                           do_sample=False, pad_token_id=0)
-def tokens_per_s():
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(3):
-        generate()
-    torch.cuda.synchronize()
-    return round(3 * tokens / (time.perf_counter() - start), 2)
+""" + TOKENS_PER_S + r"""
 with torch.no_grad():
     out["decode_first_s"] = first_call(generate)
     with_and_without_tunableop("decode_tokens_per_s", tokens_per_s)
