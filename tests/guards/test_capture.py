@@ -21,6 +21,7 @@ from rocm_autopatch import torch_releases
 INSTALLED = """
 import json, torch, torch._dynamo.convert_frame as cf, rocm_autopatch
 f = torch.compile(lambda x: torch.cos(x) + x)   # Dynamo's own global-state check runs here
+torch.manual_seed(0)  # a fixed input: random ones once fell where cos(x) + x is 0, past atol
 x = torch.randn(8)
 ok = bool(torch.allclose(f(x), torch.cos(x) + x))
 r = rocm_autopatch.report()
