@@ -231,7 +231,7 @@ print(json.dumps([c.key for c in r.config if c.status == "applied"]))
 """
 
 
-@pytest.mark.parametrize("level", ["", "info", "error"])
+@pytest.mark.parametrize("level", ["", "error"])
 def test_a_process_that_compiles_is_told_once_what_changed(torch_venv: Venv,
                                                            level: str) -> None:
     """issue 44: the README says it says once, on stderr, what it changed; by default a
