@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -252,14 +253,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     items[:] = ordered
 
 
-TIMELINE = os.environ.get("ROCM_AUTOPATCH_TEST_TIMELINE")  # a file: when each test ran, where
+# A file: when each test ran, on which worker, and the CPU seconds it took (its own and its
+# subprocesses' that were waited for: what the suite's time on two cores is made of).
+TIMELINE = os.environ.get("ROCM_AUTOPATCH_TEST_TIMELINE")
+
+
+def _cpu_seconds() -> float:
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator:
-    start = time.time()
+    start, cpu = time.time(), _cpu_seconds() if TIMELINE else 0.0
     yield
     if TIMELINE:
         with open(TIMELINE, "a") as fh:
             fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.1f} "
-                     f"{time.time():.1f} {item.nodeid}\n")
+                     f"{time.time():.1f} {_cpu_seconds() - cpu:.1f} {item.nodeid}\n")

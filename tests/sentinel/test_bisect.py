@@ -287,3 +287,40 @@ def test_strict_numerics_is_tried_only_where_it_reaches_pointwise_math() -> None
     (knob,) = [k for k in bisect.KNOBS if k.change.get("key") == "numerics"]
     assert bisect.KNOBS[-1] is knob and knob.change["value"] == "strict"
     assert fixes.describe(knob.change) == "inductor config numerics='strict'"
+
+
+@pytest.mark.fast
+def test_questions_whose_compile_is_the_repros_own_are_answered_without_a_run(
+        tmp_path: Path) -> None:
+    """torch's CompilerBisector asks three questions whose compile is step 1's again: the
+    inductor stage with nothing off, CUDA graphs off (a graph on the CPU) and
+    fallback_random=True (a repro's graph has no random op). They are answered "wrong"
+    without a run; every other question runs. The bisector's real state files decide."""
+    from torch._inductor import compiler_bisector as cb
+
+    from rocm_autopatch.sentinel.healing import bisect
+
+    saved = cb.CompilerBisector.in_process_cache
+    cb.CompilerBisector.in_process_cache = str(tmp_path)
+    try:
+        def ask(backend: str, subsystem: str = "", state: str = "test_disable",
+                on_gpu: bool = False) -> str:
+            cb.CompilerBisector.update_bisect_status(backend, subsystem)
+            if subsystem:
+                system = next(s for s in cb.BACKENDS[backend] if s.name == subsystem)
+                cb.CompilerBisector.update_run_state(backend, system, state)
+            return bisect._known_wrong(cb.CompilerBisector, on_gpu)
+
+        assert ask("inductor") == "the compile step 1 ran"
+        assert ask("inductor", "cudagraphs").startswith("a graph on the CPU")
+        assert ask("inductor", "cudagraphs", on_gpu=True) == ""
+        assert ask("inductor", "inductor_fallback_random") == "a repro's graph calls no random op"
+        for backend in ("eager", "aot_eager", "aot_eager_decomp_partition"):
+            assert ask(backend) == ""
+        for subsystem in ("lowerings", "post_grad_passes", "inductor_emulate_precision_casts"):
+            assert ask("inductor", subsystem) == ""
+        # Counting or bisecting applications always runs (each run moves the count).
+        assert ask("inductor", "lowerings", "find_max_bounds") == ""
+        assert ask("inductor", "lowerings", "bisect") == ""
+    finally:
+        cb.CompilerBisector.in_process_cache = saved

@@ -154,6 +154,9 @@ def test_a_healthy_dynamic_graph_over_many_shapes_raises_no_alarm_and_reports_co
 
 LOOP = r'''
 import json, statistics, sys, time, torch
+# One thread: on a loaded machine an OpenMP team waits on a descheduled thread, and one
+# iteration of the busy work below ran for milliseconds (the graph's share measured 0.04).
+torch.set_num_threads(1)
 from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG

@@ -13,7 +13,13 @@ from conftest import Venv, rank_lines
 FORCE = {"ROCM_AUTOPATCH": "force"}
 
 JOB = r'''
-import json, os, sys, torch, torch.distributed as dist
+import json, os, sys
+# Each rank its own Inductor cache, kept from one job to the next: rank 1's miscompile (a
+# patched decomposition) is not in the cache key, so a cache shared between the ranks could
+# serve one rank the other's kernel (a CI run failed so: rank 1 correct in one run only).
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.getcwd(),
+                                                  "inductor-rank" + os.environ["RANK"])
+import torch, torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -50,10 +56,7 @@ dist.destroy_process_group()
 def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    # Caches off: rank 1's miscompile (a patched decomposition) is not in Inductor's cache
-    # key, so with a shared cache a rank could load the other's kernel, and whether it does
-    # depends on which rank wrote last (a CI run failed so: rank 1 correct in one run only).
-    env = {**FORCE, "INDUCTOR_FORCE_DISABLE_CACHES": "1", **env}
+    env = {**FORCE, **env}
     proc = venv_.torchrun("--standalone", "--nproc-per-node", "2", str(script), env=env,
                           timeout=240, cwd=str(tmp_path))
     assert proc is not None, "the 2-rank job ran past 240 s: ranks out of step"

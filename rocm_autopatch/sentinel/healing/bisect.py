@@ -15,7 +15,8 @@ builds only the kernels no earlier step built):
    first stage that differs, each subsystem off in turn (decompositions, pre-grad,
    joint-graph and post-grad passes, CUDA graphs, lowerings, settings such as
    ``emulate_precision_casts``), then a binary search over the applications of the one whose
-   absence makes it match, down to the one decomposition, lowering or pass;
+   absence makes it match, down to the one decomposition, lowering or pass (a question
+   whose compile would be step 1's again is answered from it, not run: ``_known_wrong``);
 3. where the running build has them, the knobs behind public reports of wrong results on
    AMD GPUs (``KNOBS``), one run each.
 
@@ -142,7 +143,30 @@ def _where_now(bisector: Any) -> str:
     return f"{backend}: does turning {subsystem} off make it match?"
 
 
-def _torch_bisect(runner: Runner) -> Dict[str, Any]:
+def _known_wrong(bisector: Any, on_gpu: bool) -> str:
+    """Why the bisector's next question is the repro as step 1 ran it (so its answer is
+    known: wrong), or "" where it must run. Three of torch's questions are that compile
+    again: the inductor stage with nothing off; CUDA graphs off, for a graph on the CPU; and
+    ``fallback_random=True``, for a graph without random ops (the sentinel compares none that
+    has them, so it writes no repro of one). On the README demo's graph: 3 of 24 runs."""
+    from torch._inductor import compiler_bisector as cb
+
+    backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
+    if backend != "inductor":
+        return ""
+    if not subsystem:
+        return "the compile step 1 ran"
+    if bisector.get_run_state(backend, subsystem) != "test_disable":
+        return ""
+    system = next((s for s in cb.BACKENDS.get(backend, []) if s.name == subsystem), None)
+    if subsystem == "cudagraphs" and not on_gpu:
+        return "a graph on the CPU has no CUDA graph to leave out"
+    if isinstance(system, cb.ConfigChange) and system.config_field == "fallback_random":
+        return "a repro's graph calls no random op"
+    return ""
+
+
+def _torch_bisect(runner: Runner, on_gpu: bool) -> Dict[str, Any]:
     """torch's CompilerBisector over the repro; its result as data."""
     from torch._inductor.compiler_bisector import CompilerBisector
 
@@ -152,7 +176,12 @@ def _torch_bisect(runner: Runner) -> Dict[str, Any]:
     CompilerBisector.in_process_cache = state
 
     def test() -> bool:
-        return runner.good(_where_now(CompilerBisector), bisector=state)
+        what = _where_now(CompilerBisector)
+        known = _known_wrong(CompilerBisector, on_gpu)
+        if known:
+            runner.known(what, f"the repro as it is ({known}): wrong, as in step 1")
+            return False
+        return runner.good(what, bisector=state)
 
     with contextlib.redirect_stdout(runner.log):  # torch prints as it goes
         result = CompilerBisector.do_bisect(test)
@@ -259,7 +288,7 @@ def run(folder: str, limit: float, say: Callable[[str], None], remember: bool = 
                                                  f"{type(exc).__name__}: {str(exc)[:300]}")
         finally:
             runner.close()
-        result.update(steps=runner.steps, forked=runner.forked,
+        result.update(steps=runner.steps, forked=runner.forked, known=runner.answered,
                       seconds=round(runner.elapsed(), 1))
     if remember and result["change"] is not None:
         result["remembered"] = _remember(folder, env, result)
@@ -273,7 +302,7 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
             "not reproduced: the repro's compiled graph matches eager here (a failure that "
             "depends on values not saved, another GPU or another build?)"))
         return
-    found = _torch_stage(runner, result)
+    found = _torch_stage(runner, result, _on_gpu(env, text))
     if found is None:
         return
     if _knobs(runner, env, text, found, result):
@@ -290,7 +319,8 @@ def _bisect(runner: Runner, env: Dict[str, Any], text: str, result: Dict[str, An
         result.update(status="not found", answer=answer)
 
 
-def _torch_stage(runner: Runner, result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _torch_stage(runner: Runner, result: Dict[str, Any], on_gpu: bool
+                 ) -> Optional[Dict[str, Any]]:
     """torch's bisector over the repro, and its answer's change checked alone; None where
     every stage matched (the answer is given)."""
     try:
@@ -304,7 +334,7 @@ def _torch_stage(runner: Runner, result: Dict[str, Any]) -> Optional[Dict[str, A
                                     "torch._inductor.compiler_bisector.CompilerBisector "
                                     "(torch >= 2.6)")
         return {"stage": "inductor"}  # only the knobs can be tried
-    found = _torch_bisect(runner)
+    found = _torch_bisect(runner, on_gpu)
     result["torch_bisector"] = found
     if found.get("stage") is None:
         result.update(status="not found", answer=(
