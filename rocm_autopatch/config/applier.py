@@ -74,6 +74,12 @@ def _hostile_env(setting: profiles.Setting, wanted: Any, before: Any, profile: s
 
 def _condition_fails(setting: profiles.Setting, archs: Callable[[], List[str]]) -> str:
     """Why ``setting`` does not apply on this machine ("" when it does)."""
+    if setting.broken_by:
+        from rocm_autopatch.config import broken_settings
+
+        broken = broken_settings.why(setting.broken_by)
+        if broken:
+            return f"{setting.key}={setting.value!r} not used: {broken}"
     if setting.not_on_archs:
         hit = [a for a in archs() if a.startswith(setting.not_on_archs)]
         if hit:
@@ -169,6 +175,10 @@ def _plan(module: ModuleType, setting: profiles.Setting, prefix: str,
     failed = _condition_fails(setting, archs)
     if failed:
         not_here[setting.key] = failed
+        if setting.key not in wanted:  # no earlier layer sets it: torch's value stays
+            value = read(module, name)
+            return [c for c in changes if c.key != setting.key] + [
+                skipped(value, value, "profile", SKIPPED, failed)]
         return changes
     if setting.kept_by and _flag(setting.kept_by):
         wanted.pop(setting.key, None)

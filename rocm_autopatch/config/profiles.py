@@ -33,6 +33,9 @@ class Setting(NamedTuple):
     not_on_archs: Tuple[str, ...] = ()
     # A yes/no variable that, set, leaves torch's own value of this key (settings.ALLOW_GRAPHS).
     kept_by: str = ""
+    # A failure (``broken_settings.FAILURES``) that keeps this setting out where the running
+    # torch and Triton carry it (the previous layer's value for the key stays).
+    broken_by: str = ""
 
 
 # Bound at apply time: the CPUs this process may use (affinity and cgroup quota).
@@ -194,6 +197,7 @@ PERF_EXTRA: Tuple[Setting, ...] = (
         "builds persistent and non-persistent reductions and picks at run time",
         ref=NO_PUBLIC_REPORT + " for ROCm; AMD's tuning notes recommend it",
         env=("TORCHINDUCTOR_MULTI_KERNEL",),
+        broken_by="multi_kernel_warm_start",
     ),
     Setting(
         "inductor.shape_padding", True,

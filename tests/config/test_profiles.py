@@ -297,3 +297,54 @@ def test_perf_coordinate_descent_depends_on_the_gpu_arch(torch_venv: Venv, tmp_p
     if not tuned:
         assert "not used on gfx1" in out["entry"]["reason"]
         assert "pytorch#193658" in out["entry"]["reason"]
+
+
+@pytest.mark.fast
+def test_multi_kernel_warm_start_failure_needs_both_code_paths(tmp_path) -> None:
+    """perf leaves multi_kernel out only where torch's multi_kernel.py reads fn.cache_key and
+    Triton's jit.py takes _hash_lock (the two halves of the failure); the finders read the
+    installed torch, not an import."""
+    from rocm_autopatch.config import broken_settings
+
+    torch_side, triton_side, other = (tmp_path / n for n in ("mk.py", "jit.py", "none.py"))
+    torch_side.write_text("key = f'{k.fn.cache_key}{k.size_hints!r}'\n")
+    triton_side.write_text("with self._hash_lock:\n    pass\n")
+    other.write_text("pass\n")
+
+    def check(torch_file, triton_file):
+        return broken_settings.multi_kernel_warm_start(lambda _: torch_file,
+                                                       lambda _: triton_file)
+
+    assert "FX graph cache" in check(str(torch_side), str(triton_side))
+    assert check(str(torch_side), str(other)) == ""
+    assert check(str(other), str(triton_side)) == ""
+    assert check(str(torch_side), None) == ""  # no Triton installed (a CPU build)
+    found = broken_settings._torch_file("torch/_inductor/codegen/multi_kernel.py")
+    assert found is not None and found.endswith("multi_kernel.py")
+
+
+STAND_IN_TRITON = """
+import functools, json, sys
+from rocm_autopatch.config import broken_settings
+# A STAND-IN for a Triton install (none exists on the CPU machine): its jit.py with the
+# _hash_lock of triton-lang/triton PR 7974; torch's side is the installed torch's own file.
+broken_settings.FAILURES["multi_kernel_warm_start"] = functools.partial(
+    broken_settings.multi_kernel_warm_start, triton_file=lambda _: sys.argv[1])
+import torch, torch._inductor.config as c, rocm_autopatch
+(entry,) = [e for e in rocm_autopatch.report().config if e.key.endswith("multi_kernel")]
+print(json.dumps({"value": c.triton.multi_kernel, "entry": entry.to_dict()}))
+"""
+
+
+def test_perf_leaves_multi_kernel_out_where_its_warm_start_fails(torch_venv: Venv,
+                                                                 tmp_path) -> None:
+    jit = tmp_path / "jit.py"
+    jit.write_text("self._hash_lock = threading.RLock()\n")
+    out = torch_venv.json(STAND_IN_TRITON, str(jit), env={"ROCM_AUTOPATCH": "force",
+                                                          "ROCM_AUTOPATCH_PROFILE": "perf"})
+    assert out["value"] == 0, out  # torch's default, not perf's 1
+    assert out["entry"]["status"] == "skipped" and "FX graph cache" in out["entry"]["reason"]
+    jit.write_text("pass\n")  # a Triton without the lock: perf sets it
+    out = torch_venv.json(STAND_IN_TRITON, str(jit), env={"ROCM_AUTOPATCH": "force",
+                                                          "ROCM_AUTOPATCH_PROFILE": "perf"})
+    assert out["value"] == 1 and out["entry"]["status"] == "applied", out

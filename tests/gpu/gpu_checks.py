@@ -289,6 +289,46 @@ def check_memory_estimate() -> Dict[str, Any]:
     return {"estimate": said, "extra": peaks[0] - peaks[1]}
 
 
+WARM_START = """
+import json, torch, rocm_autopatch
+f = torch.compile(lambda x, w: (x @ w).softmax(-1) * x.sum(-1, keepdim=True))
+x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+try:
+    f(x, torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    raised = ""
+except Exception as exc:  # torch's BackendCompilerFailed, its cause in the message
+    raised = type(exc).__name__ + ": " + str(exc).strip().splitlines()[-1][:200]
+import torch._inductor.config as c
+print(json.dumps({"raised": raised, "multi_kernel": c.triton.multi_kernel, "entry": [
+    e.to_dict() for e in rocm_autopatch.report().config if e.key.endswith("multi_kernel")]}))
+"""
+
+
+def perf_warm_start() -> Dict[str, Any]:
+    """A program with a reduction run twice with one Inductor cache (the second run's graph
+    from the FX graph cache): under ``perf``, and with torch's own multi-kernel setting
+    (``TORCHINDUCTOR_MULTI_KERNEL=1``, rocm-autopatch off) as the counterfactual."""
+    import tempfile
+
+    found: Dict[str, Any] = {}
+    for arm, env in (("perf", {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_PROFILE": "perf"}),
+                     ("torch_multi_kernel", {"ROCM_AUTOPATCH": "0",
+                                             "TORCHINDUCTOR_MULTI_KERNEL": "1"})):
+        cache = tempfile.mkdtemp()
+        runs = []
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-c", WARM_START], capture_output=True,
+                                  text=True, timeout=240,
+                                  env={**os.environ, **env, "TORCHINDUCTOR_CACHE_DIR": cache})
+            try:
+                runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            except (IndexError, ValueError):
+                runs.append({"crashed": proc.returncode, "stderr": proc.stderr[-800:]})
+        found[arm] = runs
+    return found
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -306,6 +346,7 @@ SCENARIOS: Dict[str, tuple] = {
     "first_compile_in_capture_plain": (first_compile_in_capture, {"ROCM_AUTOPATCH": "0"}),
     "pingpong_reaches_workers": (pingpong_reaches_workers, {"ROCM_AUTOPATCH": "force"}),
     "check_memory_estimate": (check_memory_estimate, {"ROCM_AUTOPATCH": "force"}),
+    "perf_warm_start": (perf_warm_start, {"ROCM_AUTOPATCH": "0"}),
 }
 
 

@@ -75,3 +75,20 @@ def test_a_checks_memory_estimate_is_above_what_it_takes_and_near_it(results: di
     found = results["check_memory_estimate"]
     (estimate,) = found["estimate"]
     assert found["extra"] <= estimate <= 2 * found["extra"], found
+
+
+def test_perf_leaves_multi_kernel_out_where_a_warm_start_fails(results: dict) -> None:
+    """Where torch's multi-kernel reductions fail when their graph comes from the FX graph
+    cache (the counterfactual, rocm-autopatch off), perf leaves the setting out, saying why;
+    either way both of perf's runs compile."""
+    found = results["perf_warm_start"]
+    plain = found["torch_multi_kernel"]
+    assert plain[0]["raised"] == "", plain
+    for run in found["perf"]:
+        assert run["raised"] == "", run
+    if plain[1]["raised"]:
+        assert plain[1]["raised"].startswith("BackendCompilerFailed"), plain
+        for run in found["perf"]:
+            (entry,) = run["entry"]
+            assert run["multi_kernel"] == 0 and entry["status"] == "skipped", run
+            assert "FX graph cache" in entry["reason"], entry
