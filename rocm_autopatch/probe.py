@@ -50,12 +50,15 @@ def torch_build(torch: ModuleType) -> Dict[str, Optional[str]]:
             "hip_version": getattr(getattr(torch, "version", None), "hip", None)}
 
 
+# Triton's distributions: its own, and the names of torch's ROCm and CUDA wheels of it.
+TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
+
+
 def triton_version() -> Optional[str]:
-    """The installed Triton's version (its ROCm and CUDA wheels have other names); None
-    when there is none."""
+    """The installed Triton's version; None when there is none."""
     from importlib import metadata
 
-    for dist in ("triton", "pytorch-triton-rocm", "pytorch-triton"):
+    for dist in TRITON_DISTS:
         try:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -12,7 +12,7 @@ import os
 from importlib import metadata
 from typing import Callable, Dict, Optional
 
-TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton")  # as probe.triton_version
+from rocm_autopatch import probe
 
 
 def _torch_file(relative: str) -> Optional[str]:
@@ -25,7 +25,7 @@ def _torch_file(relative: str) -> Optional[str]:
 
 
 def _triton_file(relative: str) -> Optional[str]:
-    for dist in TRITON_DISTS:
+    for dist in probe.TRITON_DISTS:
         try:
             path = str(metadata.distribution(dist).locate_file(relative))
         except metadata.PackageNotFoundError:
