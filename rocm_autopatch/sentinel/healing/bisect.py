@@ -123,6 +123,13 @@ KNOBS = (
          _strict, "pytorch PR 195640; torch/_inductor/config.py numerics (2.15.0)"),
 )
 
+def _subsystem(backend: str, name: str) -> Any:
+    """torch's subsystem object of that name in ``backend``'s list; None where it has none."""
+    from torch._inductor import compiler_bisector as cb
+
+    return next((s for s in cb.BACKENDS.get(backend, []) if s.name == name), None)
+
+
 def _where_now(bisector: Any) -> str:
     """The bisector's state in words, for the progress line."""
     backend = bisector.get_backend() or "?"
@@ -137,7 +144,7 @@ def _where_now(bisector: Any) -> str:
         return f"{backend}: {subsystem}, counting its applications"
     from torch._inductor import compiler_bisector as cb
 
-    system = next((s for s in cb.BACKENDS.get(backend, []) if s.name == subsystem), None)
+    system = _subsystem(backend, subsystem)
     if isinstance(system, cb.ConfigChange):
         return f"{backend}: does {system.config_field}={system.config_value!r} make it match?"
     return f"{backend}: does turning {subsystem} off make it match?"
@@ -158,9 +165,9 @@ def _known_wrong(bisector: Any, on_gpu: bool) -> str:
         return "the compile step 1 ran"
     if bisector.get_run_state(backend, subsystem) != "test_disable":
         return ""
-    system = next((s for s in cb.BACKENDS.get(backend, []) if s.name == subsystem), None)
     if subsystem == "cudagraphs" and not on_gpu:
         return "a graph on the CPU has no CUDA graph to leave out"
+    system = _subsystem(backend, subsystem)
     if isinstance(system, cb.ConfigChange) and system.config_field == "fallback_random":
         return "a repro's graph calls no random op"
     return ""
@@ -252,8 +259,7 @@ def _change(found: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     stage, subsystem = found.get("stage"), found.get("subsystem")
     if not subsystem or stage not in ("aot_eager_decomp_partition", "inductor"):
         return None
-    known = {s.name: s for s in cb.BACKENDS.get(stage, [])}
-    system = known.get(subsystem)
+    system = _subsystem(stage, subsystem)
     if isinstance(system, cb.ConfigChange):
         return {"kind": "config", "module": system.config_name, "key": system.config_field,
                 "value": system.config_value}
