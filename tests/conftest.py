@@ -11,6 +11,7 @@ expected values come from the torch in that venv (``Venv.torch``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +42,44 @@ SCRUB = ("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "PYTHONPATH", "TORCH_C
 # The user's cache directory of every test process: repros and remembered fixes written by
 # one test must not heal another test's graph, nor stay in the real ~/.cache.
 CACHE_HOME = tempfile.mkdtemp(prefix="rocm-autopatch-tests-cache-")
+atexit.register(shutil.rmtree, CACHE_HOME, True)  # 128 of them were left in /tmp here
+
+
+def dynamo_graph(fn, *args):  # type: ignore[no-untyped-def]
+    """The FX graph Dynamo makes of ``fn`` on ``args`` (what the sentinel's Graph holds),
+    compiled in this process with a backend that keeps it."""
+    import torch
+
+    found: list = []
+
+    def backend(gm, example_inputs):  # type: ignore[no-untyped-def]
+        found.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return found[0]
+
+
+def named_in_cache_key(bug: str) -> str:
+    """Child code that makes Inductor's caches tell a graph compiled with an injected bug
+    (a patched decomposition, which no cache key holds) from the same graph compiled without
+    it or with another: a post-grad pass that changes nothing, whose uuid is the bug's text
+    (a custom pass's uuid is part of the FX-graph and AOT-autograd cache keys, torch
+    ``_inductor/custom_graph_pass.py``). So such a test keeps the caches on: with them off a
+    process compiles every kernel again in a fresh directory and probes the CPU's vector
+    instructions again (about 12 CPU s of g++ here, each time)."""
+    return ("from torch._inductor.custom_graph_pass import CustomGraphPass as _Pass\n"
+            "import torch._inductor.config as _config\n"
+            "class _NamedBug(_Pass):  # the injected bug, named in Inductor's cache keys\n"
+            "    def __call__(self, graph):\n"
+            "        pass\n"
+            "    def uuid(self):\n"
+            f"        return {('rocm-autopatch test bug: ' + bug)!r}\n"
+            "_config.post_grad_custom_post_pass = _NamedBug()\n")
 
 
 def clean_env(**extra: str) -> Dict[str, str]:

@@ -6,6 +6,8 @@ real torch.compile builds from ``mode``/``options`` (spied on, not replaced).
 
 from __future__ import annotations
 
+from typing import Dict
+
 import pytest
 from conftest import Venv
 
@@ -56,6 +58,10 @@ UNCHANGED = {  # without the guard (ROCM_AUTOPATCH=0) torch gets what was writte
     "module_compile": [{"mode": "max-autotune", "options": None}],
     "options": [{"mode": None, "options": {"triton.cudagraphs": True, "epilogue_fusion": True}}],
 }
+REPEATED = """
+for _ in range(3):
+    f = torch.compile(eager, mode='reduce-overhead')
+out = check(f)"""
 REPORT = """
 import rocm_autopatch
 r = rocm_autopatch.report()
@@ -75,9 +81,51 @@ def _run(venv: Venv, form: str, **env: str) -> tuple:
     return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
 
 
+# Every form in one process (one interpreter importing torch, not nine): each form in a
+# block of its own lines of one script (its own call site), from a fresh Dynamo, its
+# stderr after a marker line, its rewrites those the report gained in the block.
+BLOCK = """
+RECEIVED.clear(); torch._dynamo.reset()
+print("@@ FORM", file=sys.stderr, flush=True)
+CODE
+ALL["FORM"] = {"out": out, "received": list(RECEIVED), "rewrites": rewrites()[done:]}
+done = len(rewrites())
+sys.stderr.flush()
+"""
+BATCH_REPORT = """
+import sys, rocm_autopatch
+ALL, done = {}, 0
+def rewrites():
+    r = rocm_autopatch.report()
+    return [[w.before, w.after, w.call_site, w.count, w.reason] for w in r.compile_rewrites]
+"""
+
+
+def _batch(venv: Venv, forms: Dict[str, str], **env: str) -> Dict[str, tuple]:
+    """{form: (what it got, its stderr)}, every form run in one process."""
+    import json
+
+    code = SPY + (BATCH_REPORT if env.get("ROCM_AUTOPATCH") != "0" else
+                  "import sys\nALL, done = {}, 0\ndef rewrites():\n    return []\n")
+    for form, body in forms.items():
+        code += BLOCK.replace("FORM", form).replace("CODE", body)
+    proc = venv.run(code + "print(json.dumps(ALL))", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    said = {name: text for name, _, text in (part.partition("\n") for part in
+                                              ("\n" + proc.stderr).split("\n@@ ")[1:])}
+    return {form: (got[form], said[form]) for form in forms}
+
+
+@pytest.fixture(scope="module")
+def forced_forms(torch_venv: Venv) -> Dict[str, tuple]:
+    return _batch(torch_venv, {**FORMS, "repeated": REPEATED}, ROCM_AUTOPATCH="force")
+
+
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_every_call_form_reaches_torch_rewritten(torch_venv: Venv, form: str) -> None:
-    out, stderr = _run(torch_venv, form, ROCM_AUTOPATCH="force")
+def test_every_call_form_reaches_torch_rewritten(forced_forms: Dict[str, tuple],
+                                                 form: str) -> None:
+    out, stderr = forced_forms[form]
     assert out["out"] is True  # compiled result equals eager
     assert out["received"] == EXPECTED[form]
     rewrote = form not in ("decorator_bare", "lite_or_default")
@@ -90,9 +138,15 @@ def test_every_call_form_reaches_torch_rewritten(torch_venv: Venv, form: str) ->
         assert out["rewrites"] == [] and warnings == []
 
 
+@pytest.fixture(scope="module")
+def plain_forms(torch_venv: Venv) -> Dict[str, tuple]:
+    return _batch(torch_venv, {f: FORMS[f] for f in UNCHANGED}, ROCM_AUTOPATCH="0")
+
+
 @pytest.mark.parametrize("form", sorted(UNCHANGED))
-def test_without_the_package_torch_gets_what_was_written(torch_venv: Venv, form: str) -> None:
-    out, _ = _run(torch_venv, form, ROCM_AUTOPATCH="0")
+def test_without_the_package_torch_gets_what_was_written(plain_forms: Dict[str, tuple],
+                                                         form: str) -> None:
+    out, _ = plain_forms[form]
     assert out["received"] == UNCHANGED[form]
 
 
@@ -103,18 +157,10 @@ def test_escape_hatch_keeps_cuda_graph_modes(torch_venv: Venv) -> None:
     assert out["rewrites"] == []
 
 
-def test_repeated_calls_are_counted_and_logged_once(torch_venv: Venv) -> None:
-    code = SPY + """
-for _ in range(3):
-    f = torch.compile(eager, mode='reduce-overhead')
-out = check(f)
-""" + REPORT
-    proc = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force"})
-    import json
-
-    out = json.loads(proc.stdout.splitlines()[-1])
+def test_repeated_calls_are_counted_and_logged_once(forced_forms: Dict[str, tuple]) -> None:
+    out, stderr = forced_forms["repeated"]
     assert [w[3] for w in out["rewrites"]] == [3]
-    assert proc.stderr.count("runs as torch.compile(") == 1
+    assert stderr.count("runs as torch.compile(") == 1
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -11,11 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import Venv, clean_env
+from conftest import Venv, clean_env, named_in_cache_key
 
 from rocm_autopatch.sentinel.scheduling.schedule import CALIBRATE_AFTER
 
-FORCE = {"ROCM_AUTOPATCH": "force", "INDUCTOR_FORCE_DISABLE_CACHES": "1"}
+# Inductor's caches stay on: each injected bug is named in their keys (named_in_cache_key).
+FORCE = {"ROCM_AUTOPATCH": "force"}
 
 # BUG is the body of a wrong silu; the loop runs CALLS calls of INPUT(i) and stops at the
 # first call whose graph is no longer "passed".
@@ -25,7 +26,7 @@ from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG
 d.decompositions[torch.ops.aten.silu.default] = bad_silu
-w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
+NAMEDw = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
 f = torch.compile(lambda x: torch.nn.functional.silu(x) @ w + x, dynamic=DYNAMIC)
 gen = torch.Generator().manual_seed(0)
 import rocm_autopatch
@@ -45,7 +46,8 @@ print(json.dumps({**g, "results": results}))
 
 def _job(venv: Venv, bug: str, input_: str, calls: int, dynamic: bool = False,
          **env: str) -> tuple:
-    code = (JOB.replace("BUG", bug).replace("INPUT", input_).replace("CALLS", str(calls))
+    code = (JOB.replace("NAMED", named_in_cache_key(bug)).replace("BUG", bug)
+            .replace("INPUT", input_).replace("CALLS", str(calls))
             .replace("DYNAMIC", str(dynamic)))
     proc = venv.run(code, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check", **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -161,7 +163,7 @@ from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG
 d.decompositions[torch.ops.aten.silu.default] = bad_silu
-w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
+NAMEDw = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
 f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dynamic=False)
 gen = torch.Generator().manual_seed(0)
 other = torch.randn(32, 128, generator=gen)
@@ -192,7 +194,8 @@ print(json.dumps({**g, "wrong": wrong[:3], "graph_share": share}))
 
 
 def _loop(venv: Venv, bug: str, inputs: str, calls: int, other: int, **env: str) -> dict:
-    code = (LOOP.replace("BUG", bug).replace("INPUTS", inputs).replace("CALLS", str(calls))
+    code = (LOOP.replace("NAMED", named_in_cache_key(bug)).replace("BUG", bug)
+            .replace("INPUTS", inputs).replace("CALLS", str(calls))
             .replace("OTHER", str(other)))
     proc = venv.run(code, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check", **env})
     assert proc.returncode == 0, proc.stderr[-3000:]

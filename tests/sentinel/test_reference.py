@@ -7,25 +7,9 @@ from __future__ import annotations
 from typing import Any, List
 
 import pytest
+from conftest import dynamo_graph
 
 pytestmark = pytest.mark.fast
-
-
-def _captured(fn: Any, *args: Any) -> Any:
-    """The FX graph Dynamo makes of ``fn`` (what the sentinel's Graph holds)."""
-    torch = pytest.importorskip("torch")
-    found: List[Any] = []
-
-    def backend(gm: Any, example_inputs: Any) -> Any:
-        found.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    finally:
-        torch._dynamo.reset()
-    return found[0]
 
 
 def _both(gm: Any, keep: List[Any], args: List[Any]) -> Any:
@@ -57,7 +41,7 @@ def test_the_rewritten_float64_run_is_the_interpreters_bit_for_bit() -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, generator=gen).bfloat16()
     w = torch.randn(16, 32, generator=gen).bfloat16()
-    gm = _captured(f, x, w)
+    gm = dynamo_graph(f, x, w)
     argmax = next(n for n in gm.graph.nodes if "argmax" in str(n.target))
     (fast, kept_fast), (slow, kept_slow) = _both(gm, [argmax.args[0]], [x, w])
     assert fast[1].dtype == torch.float64 and slow[1].dtype == torch.float64

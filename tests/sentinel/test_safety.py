@@ -8,17 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Venv, rank_lines
+from conftest import Venv, named_in_cache_key, rank_lines
 
 FORCE = {"ROCM_AUTOPATCH": "force"}
 
 JOB = r'''
 import json, os, sys
-# Each rank its own Inductor cache, kept from one job to the next: rank 1's miscompile (a
-# patched decomposition) is not in the cache key, so a cache shared between the ranks could
-# serve one rank the other's kernel (a CI run failed so: rank 1 correct in one run only).
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.getcwd(),
-                                                  "inductor-rank" + os.environ["RANK"])
 import torch, torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 dist.init_process_group("gloo")
@@ -27,6 +22,9 @@ torch.manual_seed(0)
 if rank == 1:  # a miscompile on one rank only, made in what Inductor compiles
     from torch._inductor import decomposition as d
     d.decompositions[torch.ops.aten.silu.default] = lambda x: x * torch.sigmoid(x) * 1.5
+    # Named in Inductor's cache keys: a cache shared by the ranks once served rank 1 the
+    # other's kernel (a CI run: rank 1 correct in one run only).
+    exec(NAMED_BUG)
 
 def reduce(x, k):  # a collective inside the compiled graph
     return funcol.all_reduce(x * k, "sum", dist.group.WORLD) + 1
@@ -55,7 +53,7 @@ dist.destroy_process_group()
 
 def _torchrun(venv_: Venv, tmp_path: Path, **env: str) -> dict:
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(JOB.replace("NAMED_BUG", repr(named_in_cache_key("silu 1.5x, rank 1"))))
     env = {**FORCE, **env}
     proc = venv_.torchrun("--standalone", "--nproc-per-node", "2", str(script), env=env,
                           timeout=240, cwd=str(tmp_path))

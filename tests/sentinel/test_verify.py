@@ -276,8 +276,7 @@ def test_one_bug_in_a_decode_gets_one_short_warning_and_one_repro(torch_venv: Ve
     proc = subprocess.run([torch_venv.python, "decode.py"], capture_output=True, text=True,
                           cwd=str(tmp_path), timeout=900, env=clean_env(
                               ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_VERIFY="check",
-                              ROCM_AUTOPATCH_VERIFY_DIR=str(repros),
-                              TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")))
+                              ROCM_AUTOPATCH_VERIFY_DIR=str(repros)))
     assert proc.returncode == 0, proc.stderr[-4000:]
     verify = json.loads(proc.stdout.strip().splitlines()[-1])
     wrong = [g for g in verify["graphs"] if g["status"] == "failed"]
@@ -297,8 +296,7 @@ def test_one_bug_in_a_decode_gets_one_short_warning_and_one_repro(torch_venv: Ve
     # same output, on the inputs it saved.
     (folder,) = repros.iterdir()
     again = subprocess.run([torch_venv.python, "repro.py"], capture_output=True, text=True,
-                           cwd=str(folder), timeout=900, env=clean_env(
-                               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "repro-inductor")))
+                           cwd=str(folder), timeout=900, env=clean_env())
     assert again.returncode == 1, again.stdout + again.stderr[-3000:]
     assert "REPRODUCED" in again.stdout and "largest error against float64" in again.stdout
     assert f"output {first['index']}: {figure}, eager's " in again.stdout, again.stdout
