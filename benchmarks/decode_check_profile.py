@@ -6,7 +6,10 @@ costs the program). Also the sentinel's own ledger of the first generations, by 
 checks the positions forced, the sampled ones, the magnitude reads and the crossings' reads.
 
     python benchmarks/decode_check_profile.py [--layers 8] [--checks 16] [--json PATH]
-                                              [--alternate-no-grad]
+                                              [--alternate-no-grad] [--op-by-op]
+
+``--op-by-op``: the references are never replayed as a captured device graph (``replay``):
+they run op by op, as before issue 43, for the before/after on one machine.
 
 ``--alternate-no-grad``: every other check runs its eager and float64 references under
 ``no_grad`` instead of inference mode (the graph's ``inference_mode`` switched off for it),
@@ -24,12 +27,15 @@ from common import DECODE_LLAMA, meta, run_arm
 CHILD = r"""
 import json, sys, time, torch, transformers as t
 layers, checks, alternate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+op_by_op = sys.argv[4] == "1"
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
 from rocm_autopatch.sentinel import check
 from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
-from rocm_autopatch.sentinel.runs import snapshot
+from rocm_autopatch.sentinel.runs import replay, snapshot
+if op_by_op:  # the references as before issue 43: never captured
+    replay.Replays.replayed = lambda self, *a, **k: None
 phases, ledger, state = {}, {}, {"sync": False, "force": 0, "n": 0}
 def clocked(label, fn, *a, **k):
     # fn(*a, **k), timed between two synchronisations in the profiled generation
@@ -53,12 +59,16 @@ timed(judge, "compare", "judge")
 timed(snapshot.Snapshot, "make", "copies for the references")
 timed(magnitudes.Magnitudes, "now", "magnitudes read at once")
 runs = getattr(check, "reference_runs", None)  # (releases before it: not timed apart)
-def reference_runs(graph, flat, pre):
+def reference_runs(graph, flat, pre, *shape):
     if alternate and state["sync"]:
         state["n"] += 1
         graph.inference_mode = state["n"] % 2 == 1
     label = "references (inference mode)" if graph.inference_mode else "references (no_grad)"
-    return clocked(label, runs, graph, flat, pre)
+    out = clocked(label, runs, graph, flat, pre, *shape)
+    if state["sync"]:
+        how = graph.entry["references"]
+        ledger[how] = ledger.get(how, 0) + 1
+    return out
 if runs is not None:
     check.reference_runs = reference_runs
 S = schedule.Schedule
@@ -111,10 +121,13 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--checks", type=int, default=16)
     parser.add_argument("--alternate-no-grad", action="store_true")
+    parser.add_argument("--op-by-op", action="store_true",
+                        help="never replay the references as a device graph (as before)")
     parser.add_argument("--json")
     args = parser.parse_args()
     got = run_arm(CHILD, [str(args.layers), str(args.checks),
-                          "1" if args.alternate_no_grad else "0"],
+                          "1" if args.alternate_no_grad else "0",
+                          "1" if args.op_by_op else "0"],
                   {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
     print(json.dumps(got, indent=1))
     for label, p in got.get("phases_ms", {}).items():

@@ -4,6 +4,7 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 
     python benchmarks/decode_loop.py [--arms speed,bug] [--rounds 2] [--tokens 256]
                                      [--bug-at 40,200] [--layers 8] [--json PATH]
+                                     [--op-by-op]
 
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
 ``--rounds`` rounds interleaved (off, check, off, check...), each its own process with its
@@ -32,6 +33,9 @@ from common import DECODE_LLAMA, meta, run_arm
 CHILD = r"""
 import json, math, sys, time, torch, transformers as t
 tokens, bug_at, layers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+if sys.argv[4:] == ["op_by_op"]:  # the references never replayed (as before issue 43)
+    from rocm_autopatch.sentinel.runs import replay
+    replay.Replays.replayed = lambda self, *a, **k: None
 if bug_at:
     from torch._inductor import decomposition as d
     def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)
@@ -67,15 +71,19 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--bug-at", default="40,200")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--op-by-op", action="store_true",
+                        help="the check arms never replay their references as a device "
+                             "graph (as before issue 43)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    extra = ["op_by_op"] if args.op_by_op else []
     arms = args.arms.split(",")
     results = []
     if "speed" in arms or "share" in arms:
         pairs = (("off", ""), ("check", "check")) if "speed" in arms else (("check", "check"),)
         for r in range(args.rounds):
             for arm, verify in pairs:
-                got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers)],
+                got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *extra],
                               {"ROCM_AUTOPATCH_VERIFY": verify}, timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)
@@ -86,7 +94,7 @@ def main() -> int:
                   f"{sum(on) / len(on) / (sum(off) / len(off)):.4f}")
     if "bug" in arms:
         for p in (int(v) for v in args.bug_at.split(",")):
-            got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers)],
+            got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers), *extra],
                           {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
             found = [g for g in got.get("graphs", []) if g.get("found_at_call")]
             # the decode graph's call k runs position 16 + k - 1 (16 prompt tokens)

@@ -36,6 +36,7 @@ class Check:
         held = numerics.held(graph.gm)
         self.flat = flat + [held[name] for name in graph.names]
         self.analysis: Any = None
+        self.shape: Any = None  # the shape signature the analysis and captures are kept by
         self.device: Any = None
         self.pre: Any = None  # the state the call writes, as it was before the call
         self.values: Any = None  # the inputs' magnitudes now
@@ -71,7 +72,7 @@ class Check:
     def unanalysable(self) -> bool:
         """What the graph writes, from a run on fake tensors (once per shape)."""
         graph = self.graph
-        signature = graph.schedule.signature(self.flat)
+        signature = self.shape = graph.schedule.signature(self.flat)
         analysis = graph.analyses.get(signature)
         if analysis is None:
             analysis = numerics.analyse(graph.eager_run, self.flat)
@@ -174,7 +175,7 @@ class Check:
         try:
             with numerics.quiet():
                 return references(self.graph, self.flat, self.pre, self.res,
-                                  sorted(self.analysis.mutated))
+                                  sorted(self.analysis.mutated), self.shape)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
             self.graph.skip("not checked: computing the eager or float64 reference "
                             f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
@@ -213,14 +214,14 @@ class Check:
         return self.res
 
 
-def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int]
-               ) -> Tuple[List[Any], int]:
+def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
+               shape: Any = None) -> Tuple[List[Any], int]:
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
     shared, never copied."""
     import torch
 
-    eager_inputs, inputs64, ref, ref64, kept = reference_runs(graph, flat, pre)
+    eager_inputs, inputs64, ref, ref64, kept = reference_runs(graph, flat, pre, shape)
     derived = {i: judge.Derived(op, [kept.get(n, n) if isinstance(n, torch.fx.Node)
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
@@ -243,16 +244,25 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     return verdict.bad, outputs
 
 
-def reference_runs(graph: Graph, flat: List[Any], pre: Any) -> Tuple[Any, ...]:
-    """Eager's and float64's inputs and results, and the float64 values the judge keeps.
-    Run in inference mode: without autograd's bookkeeping per op a decode step's
-    references took 6% less on an H100, alternating the two modes check by check
+def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None
+                   ) -> Tuple[Any, ...]:
+    """Eager's and float64's inputs and results, and the float64 values the judge keeps:
+    replayed where this shape's references are captured on the device (``replay``), else
+    run op by op. Run in inference mode: without autograd's bookkeeping per op a decode
+    step's references took 6% less on an H100, alternating the two modes check by check
     (BENCHMARKS.md). Its results never reach the program (``fallback``
     runs the graph again on the program's own tensors). A graph that refuses inference
     mode (an op that will not take its tensors), and runs under ``no_grad``, is run so from
     then on; running out of memory says nothing of that, and is not retried."""
     import torch
 
+    replays = graph.replays
+    if shape is not None:
+        replayed = replays.replayed(shape, graph, flat, pre, graph.inference_mode)
+        if graph.entry["references"] != replays.why:
+            graph.note(references=replays.why)
+        if replayed is not None:
+            return replayed
     inference = graph.inference_mode
     while True:
         made, made64 = pre.make(), pre.make(fp64=True)  # fresh: a failed run wrote them
@@ -269,6 +279,8 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any) -> Tuple[Any, ...]:
             inference = False
             continue
         graph.inference_mode = inference
+        if shape is not None:
+            replays.ran(shape, flat)
         return eager_inputs, inputs64, ref, ref64, kept
 
 

@@ -289,6 +289,90 @@ def check_memory_estimate() -> Dict[str, Any]:
     return {"estimate": said, "extra": peaks[0] - peaks[1]}
 
 
+def replayed_references() -> Dict[str, Any]:
+    """issue 43: a decode-like step (bf16 layers, a static cache written at a new position
+    tensor each call, an argmax) checked at every call: from the second check of its shape
+    the references are replayed as a device graph; each replay's results against the same
+    references run op by op right after, the written state, the RNG, what the record says;
+    then the same step made wrong from call 12 on (the compiled cosine 1.5x) is caught."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_DIR="off")
+    import torch
+
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs import numerics
+    from rocm_autopatch.sentinel.scheduling import schedule
+
+    due = schedule.Schedule.due
+    schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
+    runs = check.reference_runs
+    seen: list = []
+
+    def spy(graph: Any, flat: Any, pre: Any, shape: Any = None) -> Any:
+        out = runs(graph, flat, pre, shape)
+        how = graph.entry["references"]
+        written = sorted(pre.indices)  # the cache, as each run left its copy of it
+        got = [t.clone() for t in numerics.leaves([out[2], out[3]])
+               + [out[k][i] for k in (0, 1) for i in written]]
+        again = runs(graph, flat, pre, None)  # op by op, on the same inputs and state
+        want = numerics.leaves([again[2], again[3]]) + [again[k][i] for k in (0, 1)
+                                                        for i in written]
+        seen.append({"how": how, "max_difference": max(
+            (a.double() - b.double()).abs().max().item() for a, b in zip(got, want))})
+        return out
+
+    check.reference_runs = spy
+    torch.manual_seed(0)
+    weights = [torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) / 16
+               for _ in range(4)]
+    bug = {"on": False}
+
+    def step(x: Any, cache: Any, pos: Any) -> Any:
+        for w in weights:
+            x = torch.nn.functional.silu(x @ w)
+        cache.index_copy_(0, pos, x)
+        return cache.float().cos().sum(0), x.argmax(-1)
+
+    import torch._inductor.config as inductor_config
+
+    def miscompile(graph: Any) -> None:  # a post-grad pass: cos 1.5x from position 12 on
+        if not bug["on"]:
+            return
+        pos = next(n for n in graph.nodes if n.op == "placeholder"
+                   and getattr(n.meta.get("val"), "dtype", None) == torch.int64)
+        for node in list(graph.nodes):
+            if node.target is torch.ops.aten.cos.default:
+                with graph.inserting_after(node):
+                    late = graph.call_function(torch.ops.aten.ge.Scalar, (pos, 12))
+                    wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+                    chosen = graph.call_function(torch.ops.aten.where.self, (late, wrong, node))
+                node.replace_all_uses_with(chosen)
+                wrong.args = (node, 1.5)
+                chosen.args = (late, wrong, node)
+
+    inductor_config.post_grad_custom_post_pass = miscompile
+    import rocm_autopatch
+
+    results: Dict[str, Any] = {}
+    for label in ("healthy", "wrong"):
+        torch._dynamo.reset()
+        bug["on"] = label == "wrong"
+        seen.clear()
+        f = torch.compile(step)
+        cache = torch.zeros(64, 256, device="cuda", dtype=torch.bfloat16)
+        draws = torch.Generator(device="cuda").manual_seed(1)  # the program's own stream
+        rng = torch.cuda.get_rng_state()
+        for i in range(16):
+            x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16, generator=draws)
+            f(x, cache, torch.tensor([i], device="cuda"))
+        torch.cuda.synchronize()
+        graphs = [g for g in rocm_autopatch.report().verify["graphs"]]
+        results[label] = {"checks": seen[:], "status": graphs[-1]["status"],
+                          "found_at_call": graphs[-1]["found_at_call"],
+                          "references": graphs[-1]["references"],
+                          "rng_unchanged": bool(torch.equal(rng, torch.cuda.get_rng_state()))}
+    return results
+
+
 WARM_START = """
 import json, torch, rocm_autopatch
 f = torch.compile(lambda x, w: (x @ w).softmax(-1) * x.sum(-1, keepdim=True))
@@ -347,6 +431,7 @@ SCENARIOS: Dict[str, tuple] = {
     "pingpong_reaches_workers": (pingpong_reaches_workers, {"ROCM_AUTOPATCH": "force"}),
     "check_memory_estimate": (check_memory_estimate, {"ROCM_AUTOPATCH": "force"}),
     "perf_warm_start": (perf_warm_start, {"ROCM_AUTOPATCH": "0"}),
+    "replayed_references": (replayed_references, {"ROCM_AUTOPATCH": "force"}),
 }
 
 

@@ -92,3 +92,17 @@ def test_perf_leaves_multi_kernel_out_where_a_warm_start_fails(results: dict) ->
             (entry,) = run["entry"]
             assert run["multi_kernel"] == 0 and entry["status"] == "skipped", run
             assert "FX graph cache" in entry["reason"], entry
+
+
+def test_references_are_replayed_as_a_device_graph_and_still_catch_a_bug(
+        results: dict) -> None:
+    got = results["replayed_references"]
+    healthy, wrong = got["healthy"], got["wrong"]
+    hows = [c["how"] for c in healthy["checks"]]
+    assert hows[0].startswith("run op by op") and hows[-1].startswith("replayed")
+    assert sum(h.startswith("replayed") for h in hows) >= 12
+    # a replay computes what the same references run op by op compute
+    assert max(c["max_difference"] for c in healthy["checks"]) == 0
+    assert healthy["status"] == "passed" and healthy["rng_unchanged"]
+    assert wrong["status"] == "failed" and wrong["found_at_call"] == 13
+    assert wrong["checks"][-1]["how"].startswith("replayed") and wrong["rng_unchanged"]

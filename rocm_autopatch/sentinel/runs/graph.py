@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from rocm_autopatch import frames, record
 from rocm_autopatch.sentinel.judging import allowance
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
-from rocm_autopatch.sentinel.runs import graph_record, numerics, reference
+from rocm_autopatch.sentinel.runs import graph_record, numerics, reference, replay
 from rocm_autopatch.sentinel.scheduling import schedule
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
@@ -61,6 +61,7 @@ class Graph:
             self.note(backward="not checked: the graph is not compared (see reason)")
         self.fast = self.eager_call if status == FELL_BACK else self.compiled
         self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
+        self.__dict__.pop("replays", None)  # nor its captured references (their memory)
 
     def settle(self, status: str, reason: str = "") -> None:
         with record.LOCK:
@@ -108,6 +109,11 @@ class Graph:
         run = self._fp64
         return numerics.bind_state(lambda *xs: run(list(xs), kept), self.gm,
                                    self.names)(*inputs)
+
+    @functools.cached_property
+    def replays(self) -> replay.Replays:
+        """Its references captured on the device, by shape (``replay``)."""
+        return replay.Replays(self.gm)
 
     @functools.cached_property
     def derived(self) -> Dict[int, Any]:

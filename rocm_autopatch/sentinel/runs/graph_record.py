@@ -51,6 +51,9 @@ class GraphRecord:
     mismatch: Optional[Dict[str, Any]] = None  # the first value the judge rejected
     judge: Optional[Dict[str, Any]] = None  # the last check's verdicts and errors vs float64
     seconds: float = 0.0  # spent checking
+    # how the last check ran its eager and float64 references: replayed as a captured
+    # device graph, or op by op and why (sentinel.runs.replay)
+    references: str = "run op by op"
     repro: str = ""  # the repro directory of a graph found wrong ("" when none was written)
     healed: str = ""  # the remembered fix it was compiled with (sentinel.fixes)
     bisect: Optional[Dict[str, Any]] = None  # the background bisection started at exit

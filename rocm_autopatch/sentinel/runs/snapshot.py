@@ -57,15 +57,37 @@ class Snapshot:
 
     def make(self, fp64: bool = False) -> Dict[int, torch.Tensor]:
         """Fresh copies of the state, float64 for the reference run, views re-made."""
+        return self.views(self.bases(fp64))
+
+    def bases(self, fp64: bool = False) -> List[torch.Tensor]:
+        """One fresh copy per storage, in the order ``fill`` writes them: buffers a captured
+        reference (``replay``) keeps and refills at every replay."""
+        return [reference.fp64_copy(saved) if fp64 else saved.clone()
+                for _, saved, _ in self.groups]
+
+    def views(self, bases: List[torch.Tensor]) -> Dict[int, torch.Tensor]:
+        """The inputs as views of ``bases`` (what ``make`` returns, over kept buffers)."""
         out: Dict[int, torch.Tensor] = {}
-        for members, saved, layout in self.groups:
-            copy = reference.fp64_copy(saved) if fp64 else saved.clone()
+        for (members, _, layout), base in zip(self.groups, bases):
             if layout is None:
-                out[members[0]] = copy
+                out[members[0]] = base
             else:
                 for i, (size, stride, offset) in zip(members, layout):
-                    out[i] = copy.as_strided(size, stride, offset)
+                    out[i] = base.as_strided(size, stride, offset)
         return out
+
+    def fill(self, bases: List[torch.Tensor]) -> None:
+        """Write the state before the call into ``bases`` (made by an earlier snapshot of
+        the same inputs: ``layout_key`` equal), casting where they are float64."""
+        for (_, saved, _), base in zip(self.groups, bases):
+            base.copy_(saved)
+
+    def layout_key(self) -> Tuple[Any, ...]:
+        """What ``bases`` and ``views`` depend on: the groups, their copies' shapes, dtypes
+        and devices, and the views' layouts."""
+        return tuple((tuple(members), tuple(saved.shape), saved.stride(), saved.dtype,
+                      saved.device, None if layout is None else tuple(layout))
+                     for members, saved, layout in self.groups)
 
     def before(self, i: int) -> Optional[torch.Tensor]:
         """Input ``i`` as it was before the call (a view of the copy; None if not copied)."""

@@ -1,0 +1,211 @@
+"""A graph's eager and float64 references captured once per shape as a device graph
+(CUDA/HIP) and replayed at later checks: one launch instead of Python dispatching each of
+their ops, which was most of a decode step's check (BENCHMARKS.md, "A cheaper check").
+
+Replayed only where a replay computes what a run would:
+- every tensor input on the graph's one device, no Python value changed since the capture;
+- the inputs the references write get buffers of their own, refilled from the snapshot
+  before each replay (``Snapshot.fill``); inputs a program makes anew at every call (token
+  ids, positions: their address moved between two checks) are copied into buffers of their
+  own; the rest (parameters, a static cache) are read where they are, and a replay whose
+  inputs moved from where the capture read them is not made (the references run op by op,
+  and the input is copied from then on);
+- no op whose output depends on data (torch tags it ``data_dependent_output`` or
+  ``dynamic_output_shape``: a capture cannot read a value back);
+- captured after a run of the same shape (a first use allocates workspaces, hipBLASLt's
+  among them, and capture forbids that: ROCm/aiter PR 5371), on a stream of its own, never
+  while the program captures (``check.call`` runs no check then). The program's RNG is
+  untouched: a graph with random ops is never compared.
+What the captures hold (their memory pools, the buffers) counts against ``HELD_SHARE`` of
+the device's memory, all graphs together; past it, or where capture fails, the references
+run op by op as before, and the graph's record says why (``references``).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from rocm_autopatch.sentinel.runs import numerics
+
+# All captures of a process together hold at most this share of the device's memory.
+HELD_SHARE = 0.05
+# A shape whose inputs keep moving from where its capture read them is captured this many
+# times, then run op by op.
+RECAPTURES = 2
+_HELD = {"bytes": 0}
+_LOCK = threading.Lock()
+
+Refs = Tuple[List[Any], List[Any], Any, Any, Dict[Any, Any]]  # check.reference_runs' result
+
+
+def _where(x: Any) -> Any:
+    """What a replay depends on for one input: a tensor's address and layout, or a value."""
+    if isinstance(x, torch.Tensor):
+        return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device)
+    return ("value", x)
+
+
+def _layout(x: Any) -> Any:
+    """The same without the address (what a copied input must keep)."""
+    where = _where(x)
+    return where[1:] if isinstance(x, torch.Tensor) else where
+
+
+def unreplayable_ops(gm: Any) -> List[str]:
+    """The ops of ``gm`` a capture cannot hold: their outputs depend on data."""
+    found = []
+    tags = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and any(t in getattr(target, "tags", ()) for t in tags):
+            found.append(numerics.node_name(node))
+        elif node.op == "call_method" and target in ("item", "tolist", "nonzero", "numpy"):
+            found.append(numerics.node_name(node))
+    return sorted(set(found))
+
+
+class Captured:
+    """One shape's references, captured: the device graph, its buffers, its outputs."""
+
+    def __init__(self, graph: Any, flat: List[Any], pre: Any, copied: List[int],
+                 inference: bool) -> None:
+        device = next(x.device for x in flat if isinstance(x, torch.Tensor))
+        written = pre.indices
+        self.copied = {i: torch.empty_strided(flat[i].shape, flat[i].stride(),
+                                              dtype=flat[i].dtype, device=device)
+                       for i in copied if i not in written}
+        self.bases, self.bases64 = pre.bases(), pre.bases(fp64=True)
+        self.layout_key = pre.layout_key()
+        made, made64 = pre.views(self.bases), pre.views(self.bases64)
+        self.eager_inputs = [made.get(i, self.copied.get(i, x)) for i, x in enumerate(flat)]
+        self.inputs64 = [made64.get(i, self.copied.get(i, x)) for i, x in enumerate(flat)]
+        self.read = {i: _where(x) for i, x in enumerate(flat)
+                     if i not in self.copied and i not in written}
+        self.layouts = [_layout(x) for x in flat]
+        self.kept: Dict[Any, Any] = {}
+        self.held = sum(t.untyped_storage().nbytes()
+                        for t in [*self.copied.values(), *self.bases, *self.bases64])
+        self.device_graph = torch.cuda.CUDAGraph()
+        reserved = torch.cuda.memory_reserved(device)
+        torch.cuda.synchronize(device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            self.device_graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                with torch.inference_mode() if inference else torch.no_grad():
+                    self.ref = graph.eager_run(*self.eager_inputs)
+                    self.ref64 = graph.fp64_run(*self.inputs64, kept=self.kept)
+            finally:
+                self.device_graph.capture_end()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
+        with _LOCK:
+            _HELD["bytes"] += self.held
+        weakref.finalize(self, _release, self.held)
+
+    def fits(self, flat: List[Any], pre: Any) -> List[int]:
+        """The inputs that moved from where the capture reads them ([] where it can replay);
+        [-1] where a layout or a value changed (never replayable for these inputs)."""
+        if pre.layout_key() != self.layout_key or [_layout(x) for x in flat] != self.layouts:
+            return [-1]
+        return [i for i, where in self.read.items() if _where(flat[i]) != where]
+
+    def replay(self, flat: List[Any], pre: Any) -> Refs:
+        pre.fill(self.bases)
+        pre.fill(self.bases64)
+        for i, buf in self.copied.items():
+            buf.copy_(flat[i])
+        self.device_graph.replay()
+        return self.eager_inputs, self.inputs64, self.ref, self.ref64, dict(self.kept)
+
+
+class Replays:
+    """A graph's captures by shape, and what it saw of its inputs before capturing."""
+
+    def __init__(self, gm: Any) -> None:
+        ops = unreplayable_ops(gm)
+        self.never = (f"run op by op: it calls {', '.join(ops[:3])}, whose outputs depend on "
+                      "data (a device graph cannot hold them)") if ops else ""
+        self.seen: Dict[Any, List[Any]] = {}  # shape -> the inputs' addresses at a run
+        self.captured: Dict[Any, Captured] = {}
+        self.moved: Dict[Any, set] = {}  # shape -> inputs copied at the next capture
+        self.captures: Dict[Any, int] = {}
+        self.why = self.never or "run op by op: not captured yet (the first run warms up)"
+
+    def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
+                 inference: bool) -> Optional[Refs]:
+        """The references from a replay, capturing first where this shape's inputs were
+        seen once before; None where they must run op by op (then call ``ran``)."""
+        if self.never or not _on_one_device(flat):
+            return None
+        captured = self.captured.get(shape)
+        if captured is not None:
+            moved = captured.fits(flat, pre)
+            if not moved:
+                return captured.replay(flat, pre)
+            self._drop(shape, moved)
+            return None
+        seen = self.seen.get(shape)
+        if seen is None or self.captures.get(shape, 0) >= RECAPTURES:
+            return None
+        moved = self.moved.get(shape, set()) | {
+            i for i, (was, x) in enumerate(zip(seen, flat)) if was != _where(x)}
+        try:
+            captured = Captured(graph, flat, pre, sorted(moved), inference)
+        except Exception as exc:  # noqa: BLE001 - an op that synchronises: op by op for good
+            torch.cuda.synchronize()
+            self.never = (f"run op by op: capturing them failed ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0][:120] if str(exc) else ''})")
+            self.why = self.never
+            return None
+        self.captures[shape] = self.captures.get(shape, 0) + 1
+        if _HELD["bytes"] > HELD_SHARE * _total(flat):
+            self.why = (f"run op by op: a capture would hold {captured.held / 2**20:.0f} MiB, "
+                        f"past {HELD_SHARE:.0%} of the device's memory with the others' "
+                        f"({(_HELD['bytes'] - captured.held) / 2**20:.0f} MiB)")
+            self.captures[shape] = RECAPTURES  # not tried again
+            del captured  # its pool and buffers go back (``_release``)
+            torch.cuda.empty_cache()
+            return None
+        self.captured[shape] = captured
+        self.why = (f"replayed as a device graph (the process's captures hold "
+                    f"{_HELD['bytes'] / 2**20:.0f} MiB)")
+        return captured.replay(flat, pre)
+
+    def ran(self, shape: Any, flat: List[Any]) -> None:
+        """The references of ``shape`` ran op by op: where its inputs were."""
+        if not self.never and shape not in self.captured:
+            self.seen[shape] = [_where(x) for x in flat]
+
+    def _drop(self, shape: Any, moved: List[int]) -> None:
+        del self.captured[shape]  # its pool and buffers go back (``_release``)
+        if moved == [-1]:
+            self.captures[shape] = RECAPTURES
+        else:
+            self.moved.setdefault(shape, set()).update(moved)
+        self.why = "run op by op: its inputs moved from where the capture read them"
+
+
+def _release(held: int) -> None:
+    with _LOCK:
+        _HELD["bytes"] -= held
+
+
+def held_bytes() -> int:
+    """What the captures of this process hold now."""
+    return _HELD["bytes"]
+
+
+def _on_one_device(flat: List[Any]) -> bool:
+    devices = {x.device for x in flat if isinstance(x, torch.Tensor)}
+    return len(devices) == 1 and next(iter(devices)).type == "cuda"
+
+
+def _total(flat: List[Any]) -> int:
+    device = next(x.device for x in flat if isinstance(x, torch.Tensor))
+    return int(torch.cuda.get_device_properties(device).total_memory)

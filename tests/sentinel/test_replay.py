@@ -1,0 +1,62 @@
+"""The references replayed as a captured device graph (``sentinel/runs/replay.py``): what
+can be decided on a CPU. The capture and its replays themselves need a CUDA/HIP device:
+``tests/gpu/gpu_checks.py replayed_references`` holds each replay to the same references
+run op by op, bit for bit, with the program's RNG untouched and a bug still found."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.fast
+torch = pytest.importorskip("torch")
+
+from conftest import dynamo_graph  # noqa: E402
+
+from rocm_autopatch.sentinel.runs import replay, snapshot  # noqa: E402
+
+
+def test_ops_whose_outputs_depend_on_data_are_never_captured() -> None:
+    x = torch.randn(8)
+    assert replay.unreplayable_ops(dynamo_graph(lambda t: (t.sin() * 2).softmax(0), x)) == []
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        found = replay.unreplayable_ops(dynamo_graph(lambda t: t[t > 0].sum() + t.nonzero().sum(),
+                                               x))
+        why = replay.Replays(dynamo_graph(lambda t: t.nonzero().float().sum(), x)).never
+    assert found and all(name in ("nonzero", "masked_select", "index") for name in found), found
+    assert why.startswith("run op by op: it calls nonzero") and "depend on data" in why
+
+
+def test_on_a_cpu_the_references_run_op_by_op_and_nothing_is_kept() -> None:
+    gm = dynamo_graph(lambda t, c: (c.add_(t), t.cos()), torch.randn(4), torch.zeros(4))
+    replays = replay.Replays(gm)
+    flat = [torch.randn(4), torch.zeros(4)]
+    pre = snapshot.Snapshot(flat, frozenset({1}))
+    assert replays.replayed((), None, flat, pre, True) is None
+    replays.ran((), flat)
+    assert replays.replayed((), None, flat, pre, True) is None
+    assert replays.captured == {} and replay.held_bytes() == 0
+
+
+def test_kept_buffers_are_refilled_with_the_state_before_each_call() -> None:
+    """What a capture keeps for the inputs the references write: one buffer per storage
+    (float64 for the float64 run), views re-made as ``make`` makes them, refilled from the
+    next call's snapshot; a snapshot of another layout does not fit them."""
+    base = torch.arange(12.0)
+    flat = [base[:6].view(2, 3), base[6:], torch.ones(3)]  # two views of one storage
+    pre = snapshot.Snapshot(flat, frozenset({0}))
+    bases, bases64 = pre.bases(), pre.bases(fp64=True)
+    views, views64 = pre.views(bases), pre.views(bases64)
+    assert set(views) == {0, 1} and views64[0].dtype == torch.float64
+    assert torch.equal(views[1], flat[1]) and views[0].data_ptr() == bases[0].data_ptr()
+    for made in (pre.make(), views):  # the same as ``make``
+        assert all(torch.equal(made[i], flat[i]) for i in (0, 1))
+    views[0].fill_(-1.0)
+    views64[1].fill_(-1.0)
+    base += 100  # the next call's state
+    later = snapshot.Snapshot(flat, frozenset({0}))
+    assert later.layout_key() == pre.layout_key()
+    later.fill(bases)
+    later.fill(bases64)
+    assert torch.equal(views[0], flat[0]) and torch.equal(views64[1], flat[1].double())
+    other = snapshot.Snapshot([torch.zeros(5)], frozenset({0}))
+    assert other.layout_key() != pre.layout_key()
