@@ -12,10 +12,12 @@ Replayed only where a replay computes what a run would:
   and the input is copied from then on);
 - no op whose output depends on data (torch tags it ``data_dependent_output`` or
   ``dynamic_output_shape``: a capture cannot read a value back);
-- captured after a run of the same shape (a first use allocates workspaces, hipBLASLt's
-  among them, and capture forbids that: ROCm/aiter PR 5371), on a stream of its own, never
-  while the program captures (``check.call`` runs no check then). The program's RNG is
-  untouched: a graph with random ops is never compared.
+- captured at the shape's second check, on a stream of the sentinel's own, right after a
+  run on that same stream: a first use allocates (a BLAS handle per device and stream on
+  ROCm, rocBLAS's workspace with ``hipMalloc``), which a capture forbids, and a capture
+  that did so failed or hung (ROCm/aiter#4352, ROCm/TransformerEngine#644,
+  openxla/xla#16337); never while the program captures (``check.call`` runs no check
+  then). The program's RNG is untouched: a graph with random ops is never compared.
 What the captures hold (their memory pools, the buffers) counts against ``HELD_SHARE`` of
 the device's memory, all graphs together; past it, or where capture fails, the references
 run op by op as before, and the graph's record says why (``references``).
@@ -37,6 +39,7 @@ HELD_SHARE = 0.05
 # times, then run op by op.
 RECAPTURES = 2
 _HELD = {"bytes": 0}
+_STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
 
 Refs = Tuple[List[Any], List[Any], Any, Any, Dict[Any, Any]]  # check.reference_runs' result
@@ -78,6 +81,8 @@ class Captured:
         self.copied = {i: torch.empty_strided(flat[i].shape, flat[i].stride(),
                                               dtype=flat[i].dtype, device=device)
                        for i in copied if i not in written}
+        for i, buf in self.copied.items():  # the warm-up below reads them (an index...)
+            buf.copy_(flat[i])
         self.bases, self.bases64 = pre.bases(), pre.bases(fp64=True)
         self.layout_key = pre.layout_key()
         made, made64 = pre.views(self.bases), pre.views(self.bases64)
@@ -90,16 +95,25 @@ class Captured:
         self.held = sum(t.untyped_storage().nbytes()
                         for t in [*self.copied.values(), *self.bases, *self.bases64])
         self.device_graph = torch.cuda.CUDAGraph()
-        reserved = torch.cuda.memory_reserved(device)
-        torch.cuda.synchronize(device)
-        stream = torch.cuda.Stream(device)
+        stream = _capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
+        mode = torch.inference_mode if inference else torch.no_grad
+
+        def runs() -> None:
+            with mode():
+                self.ref = graph.eager_run(*self.eager_inputs)
+                self.ref64 = graph.fp64_run(*self.inputs64, kept=self.kept)
+
         with torch.cuda.stream(stream):
+            # Warmed up on the stream it is captured on: on ROCm a BLAS handle is made per
+            # (device, stream) at its first use, which a capture cannot do
+            # (ROCm/TransformerEngine#644: a capture error, or a hang).
+            runs()
+            torch.cuda.synchronize(device)
+            reserved = torch.cuda.memory_reserved(device)
             self.device_graph.capture_begin(capture_error_mode="thread_local")
             try:
-                with torch.inference_mode() if inference else torch.no_grad():
-                    self.ref = graph.eager_run(*self.eager_inputs)
-                    self.ref64 = graph.fp64_run(*self.inputs64, kept=self.kept)
+                runs()
             finally:
                 self.device_graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(stream)
@@ -189,6 +203,15 @@ class Replays:
         else:
             self.moved.setdefault(shape, set()).update(moved)
         self.why = "run op by op: its inputs moved from where the capture read them"
+
+
+def _capture_stream(device: Any) -> Any:
+    """The one stream this process captures references on, per device (a BLAS handle per
+    stream is made once, by the warm-up before the first capture on it)."""
+    with _LOCK:
+        if device not in _STREAMS:
+            _STREAMS[device] = torch.cuda.Stream(device)
+        return _STREAMS[device]
 
 
 def _release(held: int) -> None:
