@@ -22,18 +22,24 @@ model = torch.nn.Sequential(*layers).to("cuda", torch.bfloat16).eval()
 """
 
 
-# TinyLlama's 1.1B configuration (22 layers, width 2048, 32 heads, 4 KV heads, MLP 5632,
-# vocabulary 32000), random weights, bf16, on the GPU, as child code: defines t
-# (transformers), cfg, model and ids (a 1 x 512 prompt).
-LLAMA_1B = """
+def llama_child(layers: int = 22, prompt: int = 512) -> str:
+    """Child code: TinyLlama's widths (width 2048, 32 heads, 4 KV heads, MLP 5632,
+    vocabulary 32000) with ``layers`` layers, random weights, bf16, on the GPU; defines t
+    (transformers), cfg, model and ids (a 1 x ``prompt`` prompt). Used by the benchmarks
+    and by ``tests/gpu/gpu_checks.py``."""
+    return f"""
 import torch, transformers as t
 torch.manual_seed(0)
 cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                    num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
+                    num_hidden_layers={layers}, num_attention_heads=32, num_key_value_heads=4)
 with torch.device("cuda"):
     model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-ids = torch.randint(0, 32000, (1, 512), device="cuda")
+ids = torch.randint(0, 32000, (1, {prompt}), device="cuda")
 """
+
+
+# TinyLlama's 1.1B configuration (22 layers), a 1 x 512 prompt.
+LLAMA_1B = llama_child()
 
 # The decode loop of issue 32, as child code (needs ``layers``): TinyLlama's widths with
 # ``layers`` layers, random weights, bf16, a static KV cache, ``forward`` compiled as a user

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import textwrap
 
-from common import RUNAWAY_MODEL, child_cwd, child_env, last_json, meta, save
+from common import LLAMA_1B, RUNAWAY_MODEL, child_cwd, child_env, last_json, meta, save
 
 CHILD = r"""
 import json, sys, time, torch
@@ -56,12 +56,8 @@ if model_name == "gpt2-cpu":
     f = torch.compile(model)
     call = lambda: f(input_ids=x).logits
 elif model_name == "llama":
-    import transformers as t
-    cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                        num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4)
-    with torch.device("cuda"):
-        model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    x = torch.randint(0, 32000, (1, 512), device="cuda")
+""" + textwrap.indent(LLAMA_1B, "    ") + r"""
+    x = ids
     f = torch.compile(model)
     call = lambda: f(input_ids=x, use_cache=False).logits
 else:

@@ -14,7 +14,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from common import llama_child  # noqa: E402  (the benchmarks' TinyLlama, one builder)
 
 RNG_ERROR = ("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture. If you "
              "need this call to be captured, please file an issue. Current cudaStreamCapture"
@@ -258,7 +262,6 @@ def check_memory_estimate() -> Dict[str, Any]:
     os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_BUDGET="0",
                       ROCM_AUTOPATCH_VERIFY_DIR="off")
     import torch
-    import transformers as t
 
     from rocm_autopatch.sentinel.runs import footprint
 
@@ -270,12 +273,9 @@ def check_memory_estimate() -> Dict[str, Any]:
         return said[-1]
 
     footprint.reference_bytes = spy
-    torch.manual_seed(0)
-    cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                        num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4)
-    with torch.device("cuda"):
-        model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    ids = torch.randint(0, 32000, (1, 2048), device="cuda")
+    built: Dict[str, Any] = {}
+    exec(llama_child(layers=4, prompt=2048), built)  # benchmarks/common.py's TinyLlama
+    model, ids = built["model"], built["ids"]
     f = torch.compile(model)
     peaks = []
     with torch.no_grad():
