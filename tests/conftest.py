@@ -68,18 +68,23 @@ def named_in_cache_key(bug: str) -> str:
     """Child code that makes Inductor's caches tell a graph compiled with an injected bug
     (a patched decomposition, which no cache key holds) from the same graph compiled without
     it or with another: a post-grad pass that changes nothing, whose uuid is the bug's text
-    (a custom pass's uuid is part of the FX-graph and AOT-autograd cache keys, torch
-    ``_inductor/custom_graph_pass.py``). So such a test keeps the caches on: with them off a
+    (a custom pass's uuid is part of the FX-graph and AOT-autograd cache keys from torch
+    2.6, PR 137298, ``torch/_inductor/custom_graph_pass.py``; before it the child turns the
+    caches off, as these tests did). So such a test keeps the caches on: with them off a
     process compiles every kernel again in a fresh directory and probes the CPU's vector
     instructions again (about 12 CPU s of g++ here, each time)."""
-    return ("from torch._inductor.custom_graph_pass import CustomGraphPass as _Pass\n"
-            "import torch._inductor.config as _config\n"
-            "class _NamedBug(_Pass):  # the injected bug, named in Inductor's cache keys\n"
-            "    def __call__(self, graph):\n"
-            "        pass\n"
-            "    def uuid(self):\n"
-            f"        return {('rocm-autopatch test bug: ' + bug)!r}\n"
-            "_config.post_grad_custom_post_pass = _NamedBug()\n")
+    return ("import torch._inductor.config as _config\n"
+            "try:\n"
+            "    from torch._inductor.custom_graph_pass import CustomGraphPass as _Pass\n"
+            "except ImportError:  # torch before 2.6: no pass in the keys, so no caches\n"
+            "    _config.force_disable_caches = True\n"
+            "else:\n"
+            "    class _NamedBug(_Pass):  # the injected bug, named in Inductor's cache keys\n"
+            "        def __call__(self, graph):\n"
+            "            pass\n"
+            "        def uuid(self):\n"
+            f"            return {('rocm-autopatch test bug: ' + bug)!r}\n"
+            "    _config.post_grad_custom_post_pass = _NamedBug()\n")
 
 
 def clean_env(**extra: str) -> Dict[str, str]:
