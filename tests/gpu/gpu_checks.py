@@ -294,7 +294,8 @@ def replayed_references() -> Dict[str, Any]:
     tensor each call, an argmax) checked at every call: from the second check of its shape
     the references are replayed as a device graph; each replay's results against the same
     references run op by op right after, the written state, the RNG, what the record says;
-    then the same step made wrong from call 12 on (the compiled cosine 1.5x) is caught."""
+    at call 9 a weight moves (the capture read it in place: not replayed, captured again);
+    then the same step made wrong from call 13 on (the compiled cosine 1.5x) is caught."""
     os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_DIR="off")
     import torch
 
@@ -363,6 +364,8 @@ def replayed_references() -> Dict[str, Any]:
         rng = torch.cuda.get_rng_state()
         for i in range(16):
             x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16, generator=draws)
+            if i == 8:  # a weight moves (same values, a new address): captured again
+                weights[0] = weights[0].clone()
             f(x, cache, torch.tensor([i], device="cuda"))
         torch.cuda.synchronize()
         graphs = [g for g in rocm_autopatch.report().verify["graphs"]]

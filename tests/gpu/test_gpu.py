@@ -100,6 +100,7 @@ def test_references_are_replayed_as_a_device_graph_and_still_catch_a_bug(
     healthy, wrong = got["healthy"], got["wrong"]
     hows = [c["how"] for c in healthy["checks"]]
     assert hows[0].startswith("run op by op") and hows[-1].startswith("replayed")
+    assert "moved" in hows[8] and hows[9].startswith("replayed")  # the weight that moved
     assert sum(h.startswith("replayed") for h in hows) >= 12
     # a replay computes what the same references run op by op compute
     assert max(c["max_difference"] for c in healthy["checks"]) == 0
