@@ -34,7 +34,8 @@ def test_on_a_cpu_the_references_run_op_by_op_and_nothing_is_kept() -> None:
     assert replays.replayed((), None, flat, pre, True) is None
     replays.ran((), flat)
     assert replays.replayed((), None, flat, pre, True) is None
-    assert replays.captured == {} and replay.held_bytes() == 0
+    # nothing kept of a CPU graph's calls (a dynamic graph may see thousands of shapes)
+    assert replays.seen == {} and replays.captured == {} and replay.held_bytes() == 0
 
 
 def test_kept_buffers_are_refilled_with_the_state_before_each_call() -> None:

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from rocm_autopatch.sentinel.runs import numerics
+from rocm_autopatch.sentinel.scheduling import schedule
 
 # All captures of a process together hold at most this share of the device's memory.
 HELD_SHARE = 0.05
@@ -192,8 +193,12 @@ class Replays:
         return captured.replay(flat, pre)
 
     def ran(self, shape: Any, flat: List[Any]) -> None:
-        """The references of ``shape`` ran op by op: where its inputs were."""
-        if not self.never and shape not in self.captured:
+        """The references of ``shape`` ran op by op: where its inputs were (on a GPU, for
+        as many shapes as are analysed, ``schedule.SHAPE_CAP``: a dynamic graph may see
+        thousands)."""
+        if self.never or shape in self.captured or not _on_one_device(flat):
+            return
+        if shape in self.seen or len(self.seen) < schedule.SHAPE_CAP:
             self.seen[shape] = [_where(x) for x in flat]
 
     def _drop(self, shape: Any, moved: List[int]) -> None:
