@@ -196,7 +196,8 @@ class Replays:
         """The references of ``shape`` ran op by op: where its inputs were (on a GPU, for
         as many shapes as are analysed, ``schedule.SHAPE_CAP``: a dynamic graph may see
         thousands)."""
-        if self.never or shape in self.captured or not _on_one_device(flat):
+        if (self.never or shape in self.captured or not _on_one_device(flat)
+                or self.captures.get(shape, 0) >= RECAPTURES):
             return
         if shape in self.seen or len(self.seen) < schedule.SHAPE_CAP:
             self.seen[shape] = [_where(x) for x in flat]
