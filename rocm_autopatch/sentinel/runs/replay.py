@@ -53,10 +53,9 @@ def _where(x: Any) -> Any:
     return ("value", x)
 
 
-def _layout(x: Any) -> Any:
-    """The same without the address (what a copied input must keep)."""
-    where = _where(x)
-    return where[1:] if isinstance(x, torch.Tensor) else where
+def _layout(where: Any) -> Any:
+    """An input's ``_where`` without the address (what a copied input must keep)."""
+    return where if where[0] == "value" else where[1:]
 
 
 def unreplayable_ops(gm: Any) -> List[str]:
@@ -76,8 +75,7 @@ class Captured:
     """One shape's references, captured: the device graph, its buffers, its outputs."""
 
     def __init__(self, graph: Any, flat: List[Any], pre: Any, copied: List[int],
-                 inference: bool) -> None:
-        device = next(x.device for x in flat if isinstance(x, torch.Tensor))
+                 inference: bool, device: Any) -> None:
         written = pre.indices
         self.copied = {i: torch.empty_strided(flat[i].shape, flat[i].stride(),
                                               dtype=flat[i].dtype, device=device)
@@ -89,9 +87,10 @@ class Captured:
         made, made64 = pre.views(self.bases), pre.views(self.bases64)
         self.eager_inputs = [made.get(i, self.copied.get(i, x)) for i, x in enumerate(flat)]
         self.inputs64 = [made64.get(i, self.copied.get(i, x)) for i, x in enumerate(flat)]
-        self.read = {i: _where(x) for i, x in enumerate(flat)
-                     if i not in self.copied and i not in written}
-        self.layouts = [_layout(x) for x in flat]
+        where = [_where(x) for x in flat]
+        self.read = {i: w for i, w in enumerate(where) if i not in self.copied
+                     and i not in written}
+        self.layouts = [_layout(w) for w in where]
         self.kept: Dict[Any, Any] = {}
         self.held = sum(t.untyped_storage().nbytes()
                         for t in [*self.copied.values(), *self.bases, *self.bases64])
@@ -126,9 +125,10 @@ class Captured:
     def fits(self, flat: List[Any], pre: Any) -> List[int]:
         """The inputs that moved from where the capture reads them ([] where it can replay);
         [-1] where a layout or a value changed (never replayable for these inputs)."""
-        if pre.layout_key() != self.layout_key or [_layout(x) for x in flat] != self.layouts:
+        now = [_where(x) for x in flat]
+        if pre.layout_key() != self.layout_key or [_layout(w) for w in now] != self.layouts:
             return [-1]
-        return [i for i, where in self.read.items() if _where(flat[i]) != where]
+        return [i for i, where in self.read.items() if now[i] != where]
 
     def replay(self, flat: List[Any], pre: Any) -> Refs:
         pre.fill(self.bases)
@@ -156,7 +156,8 @@ class Replays:
                  inference: bool) -> Optional[Refs]:
         """The references from a replay, capturing first where this shape's inputs were
         seen once before; None where they must run op by op (then call ``ran``)."""
-        if self.never or not _on_one_device(flat):
+        device = None if self.never else _device(flat)
+        if device is None:
             return None
         captured = self.captured.get(shape)
         if captured is not None:
@@ -171,7 +172,7 @@ class Replays:
         moved = self.moved.get(shape, set()) | {
             i for i, (was, x) in enumerate(zip(seen, flat)) if was != _where(x)}
         try:
-            captured = Captured(graph, flat, pre, sorted(moved), inference)
+            captured = Captured(graph, flat, pre, sorted(moved), inference, device)
         except Exception as exc:  # noqa: BLE001 - an op that synchronises: op by op for good
             torch.cuda.synchronize()
             self.never = (f"run op by op: capturing them failed ({type(exc).__name__}: "
@@ -179,7 +180,7 @@ class Replays:
             self.why = self.never
             return None
         self.captures[shape] = self.captures.get(shape, 0) + 1
-        if _HELD["bytes"] > HELD_SHARE * _total(flat):
+        if _HELD["bytes"] > HELD_SHARE * torch.cuda.get_device_properties(device).total_memory:
             self.why = (f"run op by op: a capture would hold {captured.held / 2**20:.0f} MiB, "
                         f"past {HELD_SHARE:.0%} of the device's memory with the others' "
                         f"({(_HELD['bytes'] - captured.held) / 2**20:.0f} MiB)")
@@ -196,7 +197,7 @@ class Replays:
         """The references of ``shape`` ran op by op: where its inputs were (on a GPU, for
         as many shapes as are analysed, ``schedule.SHAPE_CAP``: a dynamic graph may see
         thousands)."""
-        if (self.never or shape in self.captured or not _on_one_device(flat)
+        if (self.never or shape in self.captured or _device(flat) is None
                 or self.captures.get(shape, 0) >= RECAPTURES):
             return
         if shape in self.seen or len(self.seen) < schedule.SHAPE_CAP:
@@ -230,11 +231,9 @@ def held_bytes() -> int:
     return _HELD["bytes"]
 
 
-def _on_one_device(flat: List[Any]) -> bool:
+def _device(flat: List[Any]) -> Any:
+    """The one CUDA/HIP device all of ``flat``'s tensors are on; None where there is none
+    (a CPU graph, or tensors on several devices)."""
     devices = {x.device for x in flat if isinstance(x, torch.Tensor)}
-    return len(devices) == 1 and next(iter(devices)).type == "cuda"
-
-
-def _total(flat: List[Any]) -> int:
-    device = next(x.device for x in flat if isinstance(x, torch.Tensor))
-    return int(torch.cuda.get_device_properties(device).total_memory)
+    device = next(iter(devices)) if len(devices) == 1 else None
+    return device if device is not None and device.type == "cuda" else None
