@@ -71,16 +71,6 @@ print(json.dumps({"out": out, "received": RECEIVED,
 """
 
 
-def _run(venv: Venv, form: str, **env: str) -> tuple:
-    proc = venv.run(SPY + FORMS[form] + "\n" + (REPORT if env.get("ROCM_AUTOPATCH") != "0"
-                    else "print(json.dumps({'out': out, 'received': RECEIVED}))"),
-                    env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
-    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
-
-
 # Every form in one process (one interpreter importing torch, not nine): each form in a
 # block of its own lines of one script (its own call site), from a fresh Dynamo, its
 # stderr after a marker line, its rewrites those the report gained in the block.
@@ -151,8 +141,8 @@ def test_without_the_package_torch_gets_what_was_written(plain_forms: Dict[str, 
 
 
 def test_escape_hatch_keeps_cuda_graph_modes(torch_venv: Venv) -> None:
-    out, stderr = _run(torch_venv, "call", ROCM_AUTOPATCH="force",
-                       ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1")
+    out, _ = _batch(torch_venv, {"call": FORMS["call"]}, ROCM_AUTOPATCH="force",
+                    ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1")["call"]
     assert out["received"] == [{"mode": "reduce-overhead", "options": None}]
     assert out["rewrites"] == []
 
