@@ -26,7 +26,8 @@ from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG
 d.decompositions[torch.ops.aten.silu.default] = bad_silu
-NAMEDw = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
+NAMED
+w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
 f = torch.compile(lambda x: torch.nn.functional.silu(x) @ w + x, dynamic=DYNAMIC)
 gen = torch.Generator().manual_seed(0)
 import rocm_autopatch
@@ -163,7 +164,8 @@ from torch._inductor import decomposition as d
 def bad_silu(x):
     return BUG
 d.decompositions[torch.ops.aten.silu.default] = bad_silu
-NAMEDw = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
+NAMED
+w = torch.randn(128, 128, generator=torch.Generator().manual_seed(1)) / 12
 f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dynamic=False)
 gen = torch.Generator().manual_seed(0)
 other = torch.randn(32, 128, generator=gen)

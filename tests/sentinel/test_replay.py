@@ -19,8 +19,8 @@ def test_ops_whose_outputs_depend_on_data_are_never_captured() -> None:
     x = torch.randn(8)
     assert replay.unreplayable_ops(dynamo_graph(lambda t: (t.sin() * 2).softmax(0), x)) == []
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
-        found = replay.unreplayable_ops(dynamo_graph(lambda t: t[t > 0].sum() + t.nonzero().sum(),
-                                               x))
+        both = dynamo_graph(lambda t: t[t > 0].sum() + t.nonzero().sum(), x)
+        found = replay.unreplayable_ops(both)
         why = replay.Replays(dynamo_graph(lambda t: t.nonzero().float().sum(), x)).never
     assert found and all(name in ("nonzero", "masked_select", "index") for name in found), found
     assert why.startswith("run op by op: it calls nonzero") and "depend on data" in why
