@@ -4,7 +4,7 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 
     python benchmarks/decode_loop.py [--arms speed,bug] [--rounds 2] [--tokens 256]
                                      [--bug-at 40,200] [--layers 8] [--json PATH]
-                                     [--op-by-op]
+                                     [--op-by-op] [--with-at-call]
 
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
 ``--rounds`` rounds interleaved (off, check, off, check...), each its own process with its
@@ -12,6 +12,9 @@ own empty Inductor cache, ROCm behaviour forced. Each process generates ``--toke
 tokens three times after one warm-up generation; tokens/s is of those three, and
 ``sentinel_share`` is the sentinel's own measure of its share of the wall time (its sampled
 checks and value reads over the time since the first warm call, all graphs).
+
+``--with-at-call``: a third arm in each round, ``check_at_call``: ``check`` with every
+verdict read at the checked call (as before the deferred verdict, ``sentinel/runs/deferred``).
 
 ``share``: the ``check`` arm alone (the sentinel's share, without the speed comparison).
 
@@ -36,6 +39,9 @@ tokens, bug_at, layers = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 if sys.argv[4:] == ["op_by_op"]:  # the references never replayed (as before issue 43)
     from rocm_autopatch.sentinel.runs import replay
     replay.Replays.replayed = lambda self, *a, **k: None
+if sys.argv[4:] == ["at_call"]:  # every verdict read at the checked call (never deferred)
+    from rocm_autopatch.sentinel import check
+    check.Check.deferred = lambda self: False
 if bug_at:
     from torch._inductor import decomposition as d
     def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)
@@ -58,7 +64,8 @@ with torch.no_grad():
         out["sentinel_share"] = schedule.LEDGER.spent_share()
 graphs = rocm_autopatch.report().verify.get("graphs", [])
 keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
-        "values_stride", "found_at_call", "found_because", "budget_spent", "reason")
+        "values_stride", "found_at_call", "found_because", "budget_spent", "reason",
+        "checks_read_later", "references")
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 print(json.dumps(out))
 """
@@ -74,6 +81,9 @@ def main() -> int:
     parser.add_argument("--op-by-op", action="store_true",
                         help="the check arms never replay their references as a device "
                              "graph (as before issue 43)")
+    parser.add_argument("--with-at-call", action="store_true",
+                        help="a third arm per round: check with every verdict read at the "
+                             "checked call (never deferred)")
     parser.add_argument("--json")
     args = parser.parse_args()
     extra = ["op_by_op"] if args.op_by_op else []
@@ -81,9 +91,12 @@ def main() -> int:
     results = []
     if "speed" in arms or "share" in arms:
         pairs = (("off", ""), ("check", "check")) if "speed" in arms else (("check", "check"),)
+        if args.with_at_call:
+            pairs += (("check_at_call", "check"),)
         for r in range(args.rounds):
             for arm, verify in pairs:
-                got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *extra],
+                variant = ["at_call"] if arm == "check_at_call" else extra
+                got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *variant],
                               {"ROCM_AUTOPATCH_VERIFY": verify}, timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)
@@ -92,6 +105,11 @@ def main() -> int:
         if off and on:
             print(f"tokens/s off {off}, check {on}: check/off "
                   f"{sum(on) / len(on) / (sum(off) / len(off)):.4f}")
+        at_call = [x["tokens_per_s"] for x in results if x["arm"] == "check_at_call"
+                   and "tokens_per_s" in x]
+        if off and at_call:
+            print(f"tokens/s check_at_call {at_call}: check_at_call/off "
+                  f"{sum(at_call) / len(at_call) / (sum(off) / len(off)):.4f}")
     if "bug" in arms:
         for p in (int(v) for v in args.bug_at.split(",")):
             got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers), *extra],

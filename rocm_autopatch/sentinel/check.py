@@ -5,10 +5,16 @@ whether it can be compared at all, whether its references fit in memory, copy th
 writes, run it compiled, compute eager and float64, judge, then the backward pass. A step
 that cannot go on records why (the graph is skipped for good, or this one check is) and the
 call returns the compiled result; the program's call is never lost to a check.
+
+Under ``check``, where a shape's references are captured and gradients are off, the call
+returns once its references are launched beside the program (``runs.deferred``), and a
+later call reads the verdict (``settle``; ``Check.resolve``).
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,7 +22,14 @@ from rocm_autopatch import record
 from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
-from rocm_autopatch.sentinel.runs import backward, footprint, memory, numerics, snapshot
+from rocm_autopatch.sentinel.runs import (
+    backward,
+    deferred,
+    footprint,
+    memory,
+    numerics,
+    snapshot,
+)
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
 from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
 
@@ -26,7 +39,10 @@ class Check:
 
     def __init__(self, graph: Graph, args: Tuple[Any, ...], flat: List[Any], boxed: bool,
                  why: str, res: Any) -> None:
+        import torch
+
         self.graph = graph
+        self.grad = torch.is_grad_enabled()  # at the call (a deferred verdict comes later)
         self.args = args
         self.boxed = boxed
         self.why = why
@@ -42,6 +58,9 @@ class Check:
         self.values: Any = None  # the inputs' magnitudes now
         self.call_seconds = 0.0
         self.work_start = 0.0
+        self.prepared = 0.0  # a deferred check: its seconds before the compiled call
+        self.later: Any = None  # a deferred check's work on the device (runs.deferred)
+        self.at_call = graph.schedule.calls  # which call of the graph this is
         self.calling = False  # inside the program's own compiled call
 
     def run(self) -> Any:
@@ -49,7 +68,7 @@ class Check:
             if (self.unanalysable() or self.not_comparable() or self.too_large()
                     or self.not_copied()):
                 return self.unchecked()
-            if self.wrote_unforeseen():
+            if self.deferred() or self.wrote_unforeseen():
                 return self.res
             compared = self.compare()
             if compared is None:
@@ -148,13 +167,86 @@ class Check:
             return True
         return False
 
+    def deferred(self) -> bool:
+        """Under ``check``, with no gradient to check and this shape's references captured: run the
+        call, launch its references beside the program and return (True); the verdict is
+        read at a later call (``settle``). False where the check is judged at the call."""
+        import torch
+
+        graph = self.graph
+        if self.res is not None or graph.how != "check" or self.grad and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in self.flat):
+            return False  # (with gradients, the backward pass is checked at the call)
+        captured = graph.replays.ready(self.shape, self.flat, self.pre)
+        if captured is None:
+            return False
+        self.prepared = time.perf_counter() - self.work_start
+        later = deferred.Later(captured, self.device)
+        before = numerics.versions(self.flat)
+        self.calling = True
+        self.res = graph.compiled(*self.args)
+        self.calling = False
+        if self._unforeseen(before):
+            return True
+        mutated = self.analysis.mutated
+        room = torch.cuda.get_device_properties(self.device).total_memory
+        if deferred.copy_bytes(self.res, self.flat, mutated) > deferred.COPY_SHARE * room:
+            memory.sync(self.device)  # too much to copy: judged now, the call untimed
+            compared = self.compare()
+            if compared is not None:
+                self.res = self.verdict(*compared)
+            return True
+        later.launch(self.res, self.flat, self.pre, mutated)
+        self.later = later
+        graph.pending = self
+        _waiting(graph)
+        return True
+
+    def resolve(self) -> None:
+        """A deferred check's verdict, once its references have run (``settle``): judged on
+        the sentinel's stream (its reads wait for nothing of the program's)."""
+        import torch
+
+        graph, later = self.graph, self.later
+        try:
+            later.wait()  # done already, unless a check fell due or the process exits
+            moved = later.overwritten(self.flat, self.analysis.mutated)
+            if moved:
+                graph.replays.written_later(self.shape, moved)
+                graph.skip(f"not checked: the program wrote inputs {moved} in place before "
+                           "the references, replayed beside it, had read them (copied "
+                           "from the next capture on)")
+                return
+            self.call_seconds = later.call_seconds()
+            # the check's own time: before the call, its launch, and from here
+            self.work_start = time.perf_counter() - (self.prepared + later.launch_seconds
+                                                     + self.call_seconds)
+            self.res = later.result()
+            graph.note(references=graph.replays.why,
+                       checks_read_later=graph.entry["checks_read_later"] + 1)
+            plan, now = graph.schedule, graph.schedule.calls
+            plan.calls = self.at_call  # the verdict is the checked call's: the schedule and
+            try:  # the record (``found_at_call``) read its number
+                with torch.cuda.stream(later.side), numerics.quiet():
+                    bad, outputs = judged(graph, later.runs, self.pre, later.outputs,
+                                          later.after)
+                    self.verdict(bad, outputs)
+            finally:
+                plan.calls = now
+                graph.note(**schedule.coverage(plan))
+        except Exception as exc:  # noqa: BLE001 - a check never costs the program anything
+            graph.skip(f"not checked: the check itself failed ({type(exc).__name__}: "
+                       f"{memory.first_line(exc)})")
+            memory.release()
+        finally:
+            later.side.synchronize()  # nothing of ours still reads what is let go now
+
     def wrote_unforeseen(self) -> bool:
         """Run the call compiled (timed alone), unless it already ran; True where it wrote an
         input the analysis did not foresee (its copies would be wrong)."""
         if self.res is not None:
             return False
-        flat = self.flat
-        before = numerics.versions(flat)
+        before = numerics.versions(self.flat)
         memory.sync(self.device)
         began = time.perf_counter()
         self.calling = True
@@ -162,7 +254,12 @@ class Check:
         self.calling = False
         memory.sync(self.device)
         self.call_seconds = time.perf_counter() - began
-        unforeseen = numerics.changed(flat, before) - self.analysis.mutated
+        return self._unforeseen(before)
+
+    def _unforeseen(self, before: List[Optional[int]]) -> bool:
+        """Did the call write an input the analysis did not foresee (then the graph is not
+        checked again: its copies would be wrong)?"""
+        unforeseen = numerics.changed(self.flat, before) - self.analysis.mutated
         if not unforeseen:
             return False
         self.graph.finish(SKIPPED, "not checked: the compiled graph wrote inputs "
@@ -185,10 +282,9 @@ class Check:
     def verdict(self, bad: List[Any], outputs: int) -> Any:
         """The backward pass where the forward passed, the schedule told, the record kept;
         a graph that differs raises the alarm."""
-        import torch
 
         graph = self.graph
-        grad = torch.is_grad_enabled()
+        grad = self.grad
         if not grad:
             graph.note(backward="not applicable: gradients are off (inference)")
         elif not bad:
@@ -219,18 +315,27 @@ def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
     shared, never copied."""
+    runs = reference_runs(graph, flat, pre, shape)
+    return judged(graph, runs, pre, numerics.leaves(res), {i: flat[i] for i in mutated})
+
+
+def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
+           after: Dict[int, Any]) -> Tuple[List[Any], int]:
+    """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
+    compiled outputs ``res`` (flattened) and the written inputs as the call left them
+    (``after``, by index): (the values it rejects, how many of them are outputs)."""
     import torch
 
-    eager_inputs, inputs64, ref, ref64, kept = reference_runs(graph, flat, pre, shape)
+    eager_inputs, inputs64, ref, ref64, kept = runs
     derived = {i: judge.Derived(op, [kept.get(n, n) if isinstance(n, torch.fx.Node)
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
     outputs = len(numerics.leaves(ref))
     empty = {i: f"uninitialised memory ({op})" for i, op in graph.uninitialised.items()}
-    written = written_regions([(pre.before(i), eager_inputs[i], flat[i], inputs64[i])
-                               for i in mutated])
+    written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
+                               for i in sorted(after)])
     verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
-                            numerics.leaves(res) + [w[1] for w in written],
+                            res + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
                             judge.TOL_FORWARD, derived, skip=empty,
                             allowed=judge.Allowance(*graph.allowed))
@@ -344,6 +449,8 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         # propagation, not the program's call; another thread is checking it.
         return graph.compiled(*args, **kwargs)
     try:
+        if graph.pending is not None:
+            settle(graph, wait=False)
         if graph.fast is not None:
             return graph.fast(*args)
         flat, boxed = graph.inputs(args)
@@ -362,12 +469,67 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             graph.note(**schedule.coverage(plan))
         if why is None:
             res = graph.compiled(*args)
-            if plan.dynamic and large_output_is_new(graph, res):
+            if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
                 return timed(graph, args, flat, boxed, schedule.SHAPE, res)
             return res
+        if graph.pending is not None:  # one check at a time: the last one's verdict first
+            settle(graph, wait=True)
+            if graph.fast is not None:
+                return graph.fast(*args)
         return timed(graph, args, flat, boxed, why, None)
     finally:
         graph.lock.release()
+
+
+# Graphs whose last check's verdict is not read yet (``Check.deferred``); read at exit at the
+# latest, before the verdict line and the compile report (registered later, run first).
+_WAITING: List[Graph] = []
+_EXIT = threading.Lock()
+
+
+def _waiting(graph: Graph) -> None:
+    with _EXIT:
+        if not _WAITING and not getattr(_waiting, "registered", False):
+            atexit.register(settle_all)
+            _waiting.registered = True  # type: ignore[attr-defined]
+        if graph not in _WAITING:
+            _WAITING.append(graph)
+
+
+def settle(graph: Graph, wait: bool) -> None:
+    """Read the verdict of ``graph``'s deferred check where its device work is done, or
+    waiting for it (``wait``: a check fell due, or the process exits). The caller holds
+    ``graph.lock``."""
+    pending = graph.pending
+    if pending is None or not (wait or pending.later.finished()):
+        return
+    graph.pending = None
+    with _EXIT:
+        if graph in _WAITING:
+            _WAITING.remove(graph)
+    busy.checking = True
+    start = time.perf_counter()
+    try:
+        pending.resolve()
+    finally:
+        busy.checking = False
+        with record.LOCK:
+            graph.entry["seconds"] = round(graph.entry["seconds"]
+                                          + time.perf_counter() - start, 3)
+
+
+def settle_all() -> None:
+    """At exit: every verdict not read yet (a thread still checking is waited for 10 s)."""
+    with _EXIT:
+        graphs = list(_WAITING)
+    for graph in graphs:
+        if graph.lock.acquire(timeout=10):
+            try:
+                settle(graph, wait=True)
+            except Exception:  # noqa: BLE001 - never at exit
+                pass
+            finally:
+                graph.lock.release()
 
 
 def large_output_is_new(graph: Graph, res: Any) -> bool:

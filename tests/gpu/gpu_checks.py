@@ -376,6 +376,139 @@ def replayed_references() -> Dict[str, Any]:
     return results
 
 
+DEFERRED_EXIT = """
+import json, os, torch, rocm_autopatch
+w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16) / 16
+f = torch.compile(lambda x: torch.nn.functional.silu(x @ w).sum(-1))
+x = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16)
+with torch.no_grad():
+    for _ in range(int(os.environ["CALLS"])):
+        f(x)
+g = rocm_autopatch.report().verify["graphs"][0]
+print(json.dumps({k: g[k] for k in ("status", "calls_checked", "checks_read_later",
+                                    "references")}))
+"""
+
+
+def _digest(tensors: Any) -> str:
+    """The bytes of ``tensors``, hashed (two processes' results compared bit for bit)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes() if t.dtype != __import__(
+            "torch").bfloat16 else t.detach().cpu().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
+    """issue 43: under ``check``, a decode-like step run under ``no_grad`` and checked at
+    every call: from the third check of its shape (captured at the second) the references
+    run beside the program and the verdict is read at a later call. The program's results
+    (a digest, against the same loop under ``fallback``, which never defers: bit for bit);
+    the host time of each call; a weight written in place right after a deferred check
+    (that check is void, not a false alarm, and the weight copied from the next capture
+    on); a static input buffer refilled in place before every call (the same); the same
+    step wrong from call 13 found at call 13; a process that exits with a verdict not read
+    yet (read at exit, in its report)."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY_DIR="off")
+    import torch
+    import torch._inductor.config as inductor_config
+
+    import rocm_autopatch
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.scheduling import schedule
+
+    due = schedule.Schedule.due
+    schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
+    torch.manual_seed(0)
+    weights = [torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
+               for _ in range(4)]
+    bug = {"on": False}
+
+    def step(x: Any, cache: Any, pos: Any) -> Any:
+        for w in weights:
+            x = torch.nn.functional.silu(x @ w)
+        cache.index_copy_(0, pos, x[:1])
+        return cache.float().cos().sum(0), x.argmax(-1)
+
+    def miscompile(graph: Any) -> None:  # a post-grad pass: cos 1.5x from position 12 on
+        if not bug["on"]:
+            return
+        pos = next(n for n in graph.nodes if n.op == "placeholder"
+                   and getattr(n.meta.get("val"), "dtype", None) == torch.int64)
+        for node in list(graph.nodes):
+            if node.target is torch.ops.aten.cos.default:
+                with graph.inserting_after(node):
+                    late = graph.call_function(torch.ops.aten.ge.Scalar, (pos, 12))
+                    wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+                    chosen = graph.call_function(torch.ops.aten.where.self, (late, wrong, node))
+                node.replace_all_uses_with(chosen)
+                wrong.args = (node, 1.5)
+                chosen.args = (late, wrong, node)
+
+    inductor_config.post_grad_custom_post_pass = miscompile
+    results: Dict[str, Any] = {}
+    labels = ("healthy", "written", "refilled", "wrong") if how == "check" else ("healthy",)
+    for label in labels:
+        torch._dynamo.reset()
+        bug["on"] = label == "wrong"
+        f = torch.compile(step)
+        cache = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
+        draws = torch.Generator(device="cuda").manual_seed(1)
+        outs, host = [], []
+        static = torch.empty(64, 1024, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            for i in range(16):
+                x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, generator=draws)
+                if label == "refilled":
+                    x = static.copy_(x)
+                start = time.perf_counter()
+                out = f(x, cache, torch.tensor([i], device="cuda"))
+                host.append(round((time.perf_counter() - start) * 1e3, 3))
+                if label == "written" and i == 9:
+                    weights[2].mul_(1.25)  # in place, before the check's verdict is read
+                outs.append([t.clone() for t in out])
+        torch.cuda.synchronize()
+        unread = rocm_autopatch.report().verify["graphs"][-1]["calls_checked"]
+        check.settle_all()  # what the exit does: the last verdict read
+        g = rocm_autopatch.report().verify["graphs"][-1]
+        results[label] = {"calls_checked_before_the_last_verdict": unread,
+            "outputs": _digest(t for o in outs for t in o), "host_ms": host,
+            **{k: g[k] for k in ("status", "found_at_call", "calls_checked",
+                                 "checks_read_later", "checks_skipped", "skipped_reason",
+                                 "references")}}
+        if label == "written":
+            weights[2].div_(1.25)
+    if how != "check":
+        return results
+    import tempfile
+
+    exits = {}
+    for calls in (3, 4):  # the third check is the first deferred; exit right after it
+        report = os.path.join(tempfile.mkdtemp(), "report.json")
+        proc = subprocess.run([sys.executable, "-c", DEFERRED_EXIT], capture_output=True,
+                              text=True, timeout=300,
+                              env={**os.environ, "ROCM_AUTOPATCH_VERIFY": "check",
+                                   "ROCM_AUTOPATCH_VERIFY_CALLS": "100", "CALLS": str(calls),
+                                   "ROCM_AUTOPATCH_REPORT": report})
+        lines = proc.stdout.strip().splitlines()
+        try:
+            with open(report) as fh:
+                written = json.load(fh)
+            g = written["verify"]["graphs"][0]
+            at_exit = {k: g[k] for k in ("status", "calls_checked", "checks_read_later",
+                                         "references")}
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            at_exit = {"unreadable": repr(exc)}
+        exits[str(calls)] = {"before_exit": json.loads(lines[-1]) if lines else None,
+                             "report_at_exit": at_exit, "returncode": proc.returncode,
+                             "verdict_line": [ln for ln in proc.stderr.splitlines()
+                                              if "VERIFY=check" in ln][-1:]}
+    results["exit"] = exits
+    return results
+
+
 WARM_START = """
 import json, torch, rocm_autopatch
 f = torch.compile(lambda x, w: (x @ w).softmax(-1) * x.sum(-1, keepdim=True))
@@ -435,6 +568,10 @@ SCENARIOS: Dict[str, tuple] = {
     "check_memory_estimate": (check_memory_estimate, {"ROCM_AUTOPATCH": "force"}),
     "perf_warm_start": (perf_warm_start, {"ROCM_AUTOPATCH": "0"}),
     "replayed_references": (replayed_references, {"ROCM_AUTOPATCH": "force"}),
+    "deferred_verdicts": (deferred_verdicts, {"ROCM_AUTOPATCH": "force",
+                                              "ROCM_AUTOPATCH_VERIFY": "check"}),
+    "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
+        "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
 }
 
 

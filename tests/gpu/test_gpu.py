@@ -107,3 +107,34 @@ def test_references_are_replayed_as_a_device_graph_and_still_catch_a_bug(
     assert healthy["status"] == "passed" and healthy["rng_unchanged"]
     assert wrong["status"] == "failed" and wrong["found_at_call"] == 13
     assert wrong["checks"][-1]["how"].startswith("replayed") and wrong["rng_unchanged"]
+
+
+def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: dict) -> None:
+    got, fallback = results["deferred_verdicts"], results["deferred_fallback"]["healthy"]
+    healthy, written, refilled, wrong = (got[k] for k in ("healthy", "written", "refilled",
+                                                           "wrong"))
+    # every call checked; from the third check on, the verdict read at a later call (the
+    # last one when the loop is over: at exit)
+    assert healthy["status"] == "passed" and healthy["calls_checked"] == 16, healthy
+    assert healthy["calls_checked_before_the_last_verdict"] == 15
+    assert healthy["checks_read_later"] == 14, healthy
+    assert fallback["status"] == "passed" and fallback["checks_read_later"] == 0
+    # the program's numbers are the same as where every check is judged at the call
+    assert healthy["outputs"] == fallback["outputs"]
+    # a weight written in place after a deferred check, a static input refilled before
+    # every call: one check void each, no false alarm, the input copied from then on
+    for arm in (written, refilled):
+        assert arm["status"] == "passed" and arm["checks_skipped"] == 1, arm
+        assert "wrote inputs" in arm["skipped_reason"]
+        assert arm["checks_read_later"] == 12 and arm["calls_checked"] == 15, arm
+    # a bug from call 13: the verdict read later names the call that was checked
+    assert wrong["status"] == "failed" and wrong["found_at_call"] == 13
+    for calls in (3, 4):  # a verdict still unread at exit is read then, and reported
+        ended = got["exit"][str(calls)]
+        assert ended["returncode"] == 0
+        at_exit = {k: ended["report_at_exit"].get(k) for k in ("status", "calls_checked",
+                                                                "checks_read_later")}
+        assert at_exit == {"status": "passed", "calls_checked": calls,
+                           "checks_read_later": calls - 2}, ended
+        assert ended["before_exit"]["calls_checked"] == calls - 1  # one not read yet
+        assert "1 passed" in ended["verdict_line"][0]

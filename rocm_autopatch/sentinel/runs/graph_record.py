@@ -54,6 +54,9 @@ class GraphRecord:
     # how the last check ran its eager and float64 references: replayed as a captured
     # device graph, or op by op and why (sentinel.runs.replay)
     references: str = "run op by op"
+    # checks whose references ran beside the program, the verdict read at a later call
+    # (``check`` mode, references replayed, gradients off: sentinel.runs.deferred)
+    checks_read_later: int = 0
     repro: str = ""  # the repro directory of a graph found wrong ("" when none was written)
     healed: str = ""  # the remembered fix it was compiled with (sentinel.fixes)
     bisect: Optional[Dict[str, Any]] = None  # the background bisection started at exit

@@ -95,7 +95,7 @@ class Captured:
         self.held = sum(t.untyped_storage().nbytes()
                         for t in [*self.copied.values(), *self.bases, *self.bases64])
         self.device_graph = torch.cuda.CUDAGraph()
-        stream = _capture_stream(device)
+        stream = capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         mode = torch.inference_mode if inference else torch.no_grad
 
@@ -131,10 +131,19 @@ class Captured:
         return [i for i, where in self.read.items() if now[i] != where]
 
     def replay(self, flat: List[Any], pre: Any) -> Refs:
-        pre.fill(self.bases)
-        pre.fill(self.bases64)
+        self.take(flat)
+        return self.run(pre)
+
+    def take(self, flat: List[Any]) -> None:
+        """Copy the inputs a replay does not read in place into its buffers (a deferred
+        check does so on the program's stream, before the program can change them)."""
         for i, buf in self.copied.items():
             buf.copy_(flat[i])
+
+    def run(self, pre: Any) -> Refs:
+        """Refill the written inputs' buffers from the snapshot and replay."""
+        pre.fill(self.bases)
+        pre.fill(self.bases64)
         self.device_graph.replay()
         return self.eager_inputs, self.inputs64, self.ref, self.ref64, dict(self.kept)
 
@@ -193,6 +202,14 @@ class Replays:
                     f"{_HELD['bytes'] / 2**20:.0f} MiB)")
         return captured.replay(flat, pre)
 
+    def ready(self, shape: Any, flat: List[Any], pre: Any) -> Optional[Captured]:
+        """This shape's capture, where it can replay on these inputs now (none moved); None
+        where ``replayed`` must decide (capture, recapture, or op by op)."""
+        captured = self.captured.get(shape)
+        if captured is None or _device(flat) is None or captured.fits(flat, pre):
+            return None
+        return captured
+
     def ran(self, shape: Any, flat: List[Any]) -> None:
         """The references of ``shape`` ran op by op: where its inputs were (on a GPU, for
         as many shapes as are analysed, ``schedule.SHAPE_CAP``: a dynamic graph may see
@@ -203,6 +220,14 @@ class Replays:
         if shape in self.seen or len(self.seen) < schedule.SHAPE_CAP:
             self.seen[shape] = [_where(x) for x in flat]
 
+    def written_later(self, shape: Any, inputs: List[int]) -> None:
+        """``inputs`` were written in place by the program before a deferred replay read
+        them: copied from the next capture on, as inputs that move are."""
+        if shape in self.captured:
+            self._drop(shape, inputs)
+            self.why = ("run op by op: the program wrote inputs the capture read in place "
+                        "before a replay read them (copied from the next capture on)")
+
     def _drop(self, shape: Any, moved: List[int]) -> None:
         del self.captured[shape]  # its pool and buffers go back (``_release``)
         if moved == [-1]:
@@ -212,7 +237,7 @@ class Replays:
         self.why = "run op by op: its inputs moved from where the capture read them"
 
 
-def _capture_stream(device: Any) -> Any:
+def capture_stream(device: Any) -> Any:
     """The one stream this process captures references on, per device (a BLAS handle per
     stream is made once, by the warm-up before the first capture on it)."""
     with _LOCK:

@@ -1,0 +1,111 @@
+"""A check whose references run beside the program, its verdict read at a later call.
+
+Under ``check`` the program's result is the compiled one whatever the verdict, so nothing it
+does needs to wait for one. Where a shape's references are captured (``replay``) and
+gradients are off, a check launches them and returns: on the program's stream, after the
+compiled call, the call's outputs and the inputs it wrote are copied (the program may write
+or free them next); then, on the sentinel's own stream, behind an event, the captured
+references replay on the state before the call (the snapshot). A later call of the graph
+reads the verdict once the sentinel's stream has passed its event (``finished``, a query
+that never waits); a check that falls due first, and the process's exit, wait for it.
+
+What a deferred check must not get wrong, and how:
+- the program's stream never waits for the sentinel's, and no host synchronisation is made
+  at the call: the compiled call is timed by events, read with the verdict;
+- inputs a replay copies (ids, positions: their address moves) are copied at the call, on
+  the program's stream; the rest (parameters, a cache the graph does not write) are read
+  where they are, later than the call: an input whose version counter moved before the
+  verdict (the program wrote it in place: a static input buffer refilled for the next
+  call) voids the check, which is said and not judged, and that input is copied from the
+  shape's next capture on;
+- the inputs and copies stay referenced until the verdict, so no memory they use is handed
+  to the program while the sentinel's stream still reads it;
+- the copies are bounded: outputs and written inputs together at most ``COPY_SHARE`` of
+  the device's memory, else the check is judged at the call as before.
+``fallback`` never defers: the program's result depends on the verdict there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, FrozenSet, List, Optional
+
+import torch
+
+from rocm_autopatch.sentinel.runs import numerics, replay
+
+# The copies a deferred check holds (outputs, written inputs): at most this share of the
+# device's memory; past it the check is judged at the call.
+COPY_SHARE = 0.01
+
+
+def copy_bytes(res: Any, flat: List[Any], mutated: FrozenSet[int]) -> int:
+    """What the copies of a call's outputs and written inputs take."""
+    values = [x for x in numerics.leaves(res) if isinstance(x, torch.Tensor)]
+    values += [flat[i] for i in mutated if isinstance(flat[i], torch.Tensor)]
+    return sum(x.numel() * x.element_size() for x in values)
+
+
+class Later:
+    """One deferred check's work on the device: started before the compiled call (an event
+    on the program's stream), launched after it."""
+
+    def __init__(self, captured: Any, device: Any) -> None:
+        self.captured = captured
+        self.device = device
+        self.stream = torch.cuda.current_stream(device)
+        self.side = replay.capture_stream(device)
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.done = torch.cuda.Event()
+        self.start.record(self.stream)
+        self.runs: Any = None
+        self.outputs: List[Any] = []
+        self.spec: Any = None
+        self.after: Dict[int, Any] = {}
+        self.versions: List[Optional[int]] = []
+        self.launch_seconds = 0.0  # host time the launch took, the compiled call left out
+
+    def launch(self, res: Any, flat: List[Any], pre: Any, mutated: FrozenSet[int]) -> None:
+        """After the compiled call: copy what the program may change, replay the references
+        on the sentinel's stream behind it."""
+        from torch.utils._pytree import tree_flatten
+
+        began = time.perf_counter()
+        self.end.record(self.stream)
+        leaves, self.spec = tree_flatten(res)
+        self.outputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x
+                        for x in leaves]
+        self.after = {i: flat[i].detach().clone() for i in sorted(mutated)}
+        self.captured.take(flat)  # ids, positions: copied before the program moves on
+        ready = torch.cuda.Event()
+        ready.record(self.stream)
+        self.side.wait_event(ready)
+        with torch.cuda.stream(self.side):
+            self.runs = self.captured.run(pre)
+        self.done.record(self.side)
+        self.versions = numerics.versions(flat)
+        self.launch_seconds = time.perf_counter() - began
+
+    def finished(self) -> bool:
+        """Has the sentinel's stream passed this check's work (never waits)?"""
+        return bool(self.done.query())
+
+    def wait(self) -> None:
+        self.done.synchronize()
+
+    def call_seconds(self) -> float:
+        """The compiled call's device time, from its events (after ``wait``)."""
+        return self.start.elapsed_time(self.end) / 1000.0
+
+    def overwritten(self, flat: List[Any], mutated: FrozenSet[int]) -> List[int]:
+        """Inputs the references read in place that the program wrote since the call (the
+        written ones are read from the snapshot, the copied ones were copied at the call)."""
+        return sorted(i for i in numerics.changed(flat, self.versions)
+                      if i not in mutated and i not in self.captured.copied)
+
+    def result(self) -> Any:
+        """The call's result as it was (the copies), for the judge and a repro."""
+        from torch.utils._pytree import tree_unflatten
+
+        return tree_unflatten(self.outputs, self.spec)
