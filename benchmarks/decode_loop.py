@@ -50,6 +50,12 @@ if bug_at:
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
 from rocm_autopatch.sentinel.scheduling import schedule
+costs = []  # each check's cost to the program beyond its call (ms): what the ledger counts
+checked = schedule.Schedule.checked
+def counted(self, why, flat, values, passed, call_seconds, check_seconds, outputs):
+    costs.append(round((check_seconds - call_seconds) * 1e3, 2))
+    return checked(self, why, flat, values, passed, call_seconds, check_seconds, outputs)
+schedule.Schedule.checked = counted
 with torch.no_grad():
     generate(tokens if not bug_at else 2 * bug_at + 64)
     torch.cuda.synchronize()
@@ -67,6 +73,7 @@ keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period"
         "values_stride", "found_at_call", "found_because", "budget_spent", "reason",
         "checks_read_later", "references")
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
+out["check_costs_ms"] = costs
 print(json.dumps(out))
 """
 

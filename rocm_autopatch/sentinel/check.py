@@ -53,6 +53,7 @@ class Check:
         self.flat = flat + [held[name] for name in graph.names]
         self.analysis: Any = None
         self.shape: Any = None  # the shape signature the analysis and captures are kept by
+        self.need = 0  # the bytes its references need (the analysis' estimate)
         self.device: Any = None
         self.pre: Any = None  # the state the call writes, as it was before the call
         self.values: Any = None  # the inputs' magnitudes now
@@ -140,7 +141,7 @@ class Check:
             watch = magnitudes.watched_inputs(self.flat, self.count, self.analysis.mutated)
             plan.magnitudes = magnitudes.Magnitudes(
                 watch, magnitudes.integer_inputs(self.flat, watch))
-        need = footprint.reference_bytes(
+        need = self.need = footprint.reference_bytes(
             self.analysis.footprint,
             snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)
@@ -272,7 +273,7 @@ class Check:
         try:
             with numerics.quiet():
                 return references(self.graph, self.flat, self.pre, self.res,
-                                  sorted(self.analysis.mutated), self.shape)
+                                  sorted(self.analysis.mutated), self.shape, self.need)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
             self.graph.skip("not checked: computing the eager or float64 reference "
                             f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
@@ -311,11 +312,11 @@ class Check:
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
-               shape: Any = None) -> Tuple[List[Any], int]:
+               shape: Any = None, need: int = 0) -> Tuple[List[Any], int]:
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
     shared, never copied."""
-    runs = reference_runs(graph, flat, pre, shape)
+    runs = reference_runs(graph, flat, pre, shape, need)
     return judged(graph, runs, pre, numerics.leaves(res), {i: flat[i] for i in mutated})
 
 
@@ -349,8 +350,8 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     return verdict.bad, outputs
 
 
-def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None
-                   ) -> Tuple[Any, ...]:
+def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
+                   need: int = 0) -> Tuple[Any, ...]:
     """Eager's and float64's inputs and results, and the float64 values the judge keeps:
     replayed where this shape's references are captured on the device (``replay``), else
     run op by op. Run in inference mode: without autograd's bookkeeping per op a decode
@@ -363,7 +364,7 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None
 
     replays = graph.replays
     if shape is not None:
-        replayed = replays.replayed(shape, graph, flat, pre, graph.inference_mode)
+        replayed = replays.replayed(shape, graph, flat, pre, graph.inference_mode, need)
         if graph.entry["references"] != replays.why:
             graph.note(references=replays.why)
         if replayed is not None:

@@ -295,8 +295,10 @@ def replayed_references() -> Dict[str, Any]:
     the references are replayed as a device graph; each replay's results against the same
     references run op by op right after, the written state, the RNG, what the record says;
     at call 9 a weight moves (the capture read it in place: not replayed, captured again);
-    then the same step made wrong from call 13 on (the compiled cosine 1.5x) is caught."""
-    os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_DIR="off")
+    then the same step made wrong from call 13 on (the compiled cosine 1.5x) is caught.
+    Under ``fallback``, where every verdict is read at the call (under ``check`` these
+    checks would be deferred, their replays launched past ``reference_runs``)."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY="fallback", ROCM_AUTOPATCH_VERIFY_DIR="off")
     import torch
 
     from rocm_autopatch.sentinel import check
@@ -308,8 +310,8 @@ def replayed_references() -> Dict[str, Any]:
     runs = check.reference_runs
     seen: list = []
 
-    def spy(graph: Any, flat: Any, pre: Any, shape: Any = None) -> Any:
-        out = runs(graph, flat, pre, shape)
+    def spy(graph: Any, flat: Any, pre: Any, shape: Any = None, need: int = 0) -> Any:
+        out = runs(graph, flat, pre, shape, need)
         how = graph.entry["references"]
         written = sorted(pre.indices)  # the cache, as each run left its copy of it
         got = [t.clone() for t in numerics.leaves([out[2], out[3]])
@@ -323,8 +325,8 @@ def replayed_references() -> Dict[str, Any]:
 
     check.reference_runs = spy
     torch.manual_seed(0)
-    weights = [torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) / 16
-               for _ in range(4)]
+    weights = [torch.nn.Parameter(torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+                                  / 16, requires_grad=False) for _ in range(4)]
     bug = {"on": False}
 
     def step(x: Any, cache: Any, pos: Any) -> Any:
@@ -365,7 +367,7 @@ def replayed_references() -> Dict[str, Any]:
         for i in range(16):
             x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16, generator=draws)
             if i == 8:  # a weight moves (same values, a new address): captured again
-                weights[0] = weights[0].clone()
+                weights[0] = torch.nn.Parameter(weights[0].clone(), requires_grad=False)
             f(x, cache, torch.tensor([i], device="cuda"))
         torch.cuda.synchronize()
         graphs = [g for g in rocm_autopatch.report().verify["graphs"]]
@@ -408,7 +410,8 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
     (a digest, against the same loop under ``fallback``, which never defers: bit for bit);
     the host time of each call; a weight written in place right after a deferred check
     (that check is void, not a false alarm, and the weight copied from the next capture
-    on); a static input buffer refilled in place before every call (the same); the same
+    on); a static input buffer refilled in place before every call (copied at each
+    launch: nothing void); the same
     step wrong from call 13 found at call 13; a process that exits with a verdict not read
     yet (read at exit, in its report)."""
     os.environ.update(ROCM_AUTOPATCH_VERIFY_DIR="off")
@@ -422,8 +425,9 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
     due = schedule.Schedule.due
     schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
     torch.manual_seed(0)
-    weights = [torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
-               for _ in range(4)]
+    # parameters, as a model's are: read in place by a replay (other inputs are copied)
+    weights = [torch.nn.Parameter(torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+                                  / 32, requires_grad=False) for _ in range(4)]
     bug = {"on": False}
 
     def step(x: Any, cache: Any, pos: Any) -> Any:

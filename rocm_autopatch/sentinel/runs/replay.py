@@ -5,19 +5,23 @@ their ops, which was most of a decode step's check (BENCHMARKS.md, "A cheaper ch
 Replayed only where a replay computes what a run would:
 - every tensor input on the graph's one device, no Python value changed since the capture;
 - the inputs the references write get buffers of their own, refilled from the snapshot
-  before each replay (``Snapshot.fill``); inputs a program makes anew at every call (token
-  ids, positions: their address moved between two checks) are copied into buffers of their
-  own; the rest (parameters, a static cache) are read where they are, and a replay whose
-  inputs moved from where the capture read them is not made (the references run op by op,
-  and the input is copied from then on);
+  before each replay (``Snapshot.fill``); inputs that are not parameters, up to
+  ``COPY_BYTES`` each (token ids, positions, a mask: a program makes them anew or refills
+  them at every call), and inputs seen to move between two checks are copied into buffers
+  of their own; the rest (parameters, a large cache) are read where they are, and a replay
+  whose inputs moved from where the capture read them is not made (the references run op
+  by op, and the input is copied from then on);
 - no op whose output depends on data (torch tags it ``data_dependent_output`` or
   ``dynamic_output_shape``: a capture cannot read a value back);
-- captured at the shape's second check, on a stream of the sentinel's own, right after a
-  run on that same stream: a first use allocates (a BLAS handle per device and stream on
-  ROCm, rocBLAS's workspace with ``hipMalloc``), which a capture forbids, and a capture
-  that did so failed or hung (ROCm/aiter#4352, ROCm/TransformerEngine#644,
-  openxla/xla#16337); never while the program captures (``check.call`` runs no check
-  then). The program's RNG is untouched: a graph with random ops is never compared.
+- captured on a stream of the sentinel's own, right after a run on that same stream: a
+  first use allocates (a BLAS handle per device and stream on ROCm, rocBLAS's workspace
+  with ``hipMalloc``), which a capture forbids, and a capture that did so failed or hung
+  (ROCm/aiter#4352, ROCm/TransformerEngine#644, openxla/xla#16337); that run is the
+  check's references, so a capture costs no run of its own. Captured at a shape's first
+  check where its references are estimated at most ``FIRST_SHARE`` of the device's memory
+  (a decode step's), else at its second (a long prefill, checked once, never holds a
+  capture); never while the program captures (``check.call`` runs no check then). The
+  program's RNG is untouched: a graph with random ops is never compared.
 What the captures hold (their memory pools, the buffers) counts against ``HELD_SHARE`` of
 the device's memory, all graphs together; past it, or where capture fails, the references
 run op by op as before, and the graph's record says why (``references``).
@@ -39,6 +43,12 @@ HELD_SHARE = 0.05
 # A shape whose inputs keep moving from where its capture read them is captured this many
 # times, then run op by op.
 RECAPTURES = 2
+# Captured at a shape's first check where its references need at most this share of the
+# device's memory (the analysis' estimate), else at its second.
+FIRST_SHARE = HELD_SHARE / 2
+# Inputs that are not parameters, up to this size each, are copied at each replay rather
+# than read where they are (a program refills or remakes them between calls).
+COPY_BYTES = 64 << 20
 _HELD = {"bytes": 0}
 _STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
@@ -99,21 +109,25 @@ class Captured:
         stream.wait_stream(torch.cuda.current_stream(device))
         mode = torch.inference_mode if inference else torch.no_grad
 
-        def runs() -> None:
+        def runs(kept: Dict[Any, Any]) -> Tuple[Any, Any]:
             with mode():
-                self.ref = graph.eager_run(*self.eager_inputs)
-                self.ref64 = graph.fp64_run(*self.inputs64, kept=self.kept)
+                return (graph.eager_run(*self.eager_inputs),
+                        graph.fp64_run(*self.inputs64, kept=kept))
 
         with torch.cuda.stream(stream):
             # Warmed up on the stream it is captured on: on ROCm a BLAS handle is made per
             # (device, stream) at its first use, which a capture cannot do
-            # (ROCm/TransformerEngine#644: a capture error, or a hang).
-            runs()
+            # (ROCm/TransformerEngine#644: a capture error, or a hang). The warm-up is this
+            # check's references (``first``): the capture records, it computes nothing.
+            warm_kept: Dict[Any, Any] = {}
+            ref, ref64 = runs(warm_kept)
+            self.first: Optional[Refs] = (self.eager_inputs, self.inputs64, ref, ref64,
+                                          warm_kept)
             torch.cuda.synchronize(device)
             reserved = torch.cuda.memory_reserved(device)
             self.device_graph.capture_begin(capture_error_mode="thread_local")
             try:
-                runs()
+                self.ref, self.ref64 = runs(self.kept)
             finally:
                 self.device_graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(stream)
@@ -162,9 +176,10 @@ class Replays:
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
-                 inference: bool) -> Optional[Refs]:
-        """The references from a replay, capturing first where this shape's inputs were
-        seen once before; None where they must run op by op (then call ``ran``)."""
+                 inference: bool, need: int = 0) -> Optional[Refs]:
+        """The references from a replay, or from the run a capture begins with (at a shape's
+        first check where they ``need`` little memory, else at its second); None where
+        they must run op by op (then call ``ran``)."""
         device = None if self.never else _device(flat)
         if device is None:
             return None
@@ -172,14 +187,20 @@ class Replays:
         if captured is not None:
             moved = captured.fits(flat, pre)
             if not moved:
+                self._replaying()
                 return captured.replay(flat, pre)
             self._drop(shape, moved)
             return None
         seen = self.seen.get(shape)
-        if seen is None or self.captures.get(shape, 0) >= RECAPTURES:
+        if self.captures.get(shape, 0) >= RECAPTURES or seen is None and not (
+                0 < need <= FIRST_SHARE * torch.cuda.get_device_properties(device)
+                .total_memory):
             return None
         moved = self.moved.get(shape, set()) | {
-            i for i, (was, x) in enumerate(zip(seen, flat)) if was != _where(x)}
+            i for i, (was, x) in enumerate(zip(seen or [], flat)) if was != _where(x)} | {
+            i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)
+            and not isinstance(x, torch.nn.Parameter)
+            and x.untyped_storage().nbytes() <= COPY_BYTES}
         try:
             captured = Captured(graph, flat, pre, sorted(moved), inference, device)
         except Exception as exc:  # noqa: BLE001 - an op that synchronises: op by op for good
@@ -194,13 +215,15 @@ class Replays:
                         f"past {HELD_SHARE:.0%} of the device's memory with the others' "
                         f"({(_HELD['bytes'] - captured.held) / 2**20:.0f} MiB)")
             self.captures[shape] = RECAPTURES  # not tried again
+            first, captured.first = captured.first, None
             del captured  # its pool and buffers go back (``_release``)
             torch.cuda.empty_cache()
-            return None
+            return first
         self.captured[shape] = captured
-        self.why = (f"replayed as a device graph (the process's captures hold "
-                    f"{_HELD['bytes'] / 2**20:.0f} MiB)")
-        return captured.replay(flat, pre)
+        self.why = (f"run op by op and captured as a device graph, replayed from the next "
+                    f"check on (the process's captures hold {_HELD['bytes'] / 2**20:.0f} MiB)")
+        first, captured.first = captured.first, None
+        return first
 
     def ready(self, shape: Any, flat: List[Any], pre: Any) -> Optional[Captured]:
         """This shape's capture, where it can replay on these inputs now (none moved); None
@@ -208,7 +231,12 @@ class Replays:
         captured = self.captured.get(shape)
         if captured is None or _device(flat) is None or captured.fits(flat, pre):
             return None
+        self._replaying()
         return captured
+
+    def _replaying(self) -> None:
+        self.why = (f"replayed as a device graph (the process's captures hold "
+                    f"{_HELD['bytes'] / 2**20:.0f} MiB)")
 
     def ran(self, shape: Any, flat: List[Any]) -> None:
         """The references of ``shape`` ran op by op: where its inputs were (on a GPU, for
