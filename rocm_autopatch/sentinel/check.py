@@ -169,9 +169,9 @@ class Check:
         return False
 
     def deferred(self) -> bool:
-        """Under ``check``, with no gradient to check and this shape's references captured: run the
-        call, launch its references beside the program and return (True); the verdict is
-        read at a later call (``settle``). False where the check is judged at the call."""
+        """Under ``check``, with no gradient to check and this shape's references captured:
+        run the call, launch its references beside the program and return (True); the
+        verdict is read at a later call (``settle``). False where it is judged at the call."""
         import torch
 
         graph = self.graph
@@ -190,8 +190,7 @@ class Check:
         if self._unforeseen(before):
             return True
         mutated = self.analysis.mutated
-        room = torch.cuda.get_device_properties(self.device).total_memory
-        if deferred.copy_bytes(self.res, self.flat, mutated) > deferred.COPY_SHARE * room:
+        if not later.affordable(self.res, self.flat, mutated):
             memory.sync(self.device)  # too much to copy: judged now, the call untimed
             compared = self.compare()
             if compared is not None:
@@ -206,7 +205,6 @@ class Check:
     def resolve(self) -> None:
         """A deferred check's verdict, once its references have run (``settle``): judged on
         the sentinel's stream (its reads wait for nothing of the program's)."""
-        import torch
 
         graph, later = self.graph, self.later
         try:
@@ -228,7 +226,7 @@ class Check:
             plan, now = graph.schedule, graph.schedule.calls
             plan.calls = self.at_call  # the verdict is the checked call's: the schedule and
             try:  # the record (``found_at_call``) read its number
-                with torch.cuda.stream(later.side), numerics.quiet():
+                with later.judging(), numerics.quiet():
                     bad, outputs = judged(graph, later.runs, self.pre, later.outputs,
                                           later.after)
                     self.verdict(bad, outputs)
@@ -240,7 +238,7 @@ class Check:
                        f"{memory.first_line(exc)})")
             memory.release()
         finally:
-            later.side.synchronize()  # nothing of ours still reads what is let go now
+            later.release()
 
     def wrote_unforeseen(self) -> bool:
         """Run the call compiled (timed alone), unless it already ran; True where it wrote an

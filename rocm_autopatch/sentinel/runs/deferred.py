@@ -66,6 +66,11 @@ class Later:
         self.versions: List[Optional[int]] = []
         self.launch_seconds = 0.0  # host time the launch took, the compiled call left out
 
+    def affordable(self, res: Any, flat: List[Any], mutated: FrozenSet[int]) -> bool:
+        """Do the copies of ``res`` and the written inputs fit within ``COPY_SHARE``?"""
+        room = torch.cuda.get_device_properties(self.device).total_memory
+        return copy_bytes(res, flat, mutated) <= COPY_SHARE * room
+
     def launch(self, res: Any, flat: List[Any], pre: Any, mutated: FrozenSet[int]) -> None:
         """After the compiled call: copy what the program may change, replay the references
         on the sentinel's stream behind it."""
@@ -93,6 +98,15 @@ class Later:
 
     def wait(self) -> None:
         self.done.synchronize()
+
+    def judging(self) -> Any:
+        """Where the judge runs: on the sentinel's stream, whose work is done (its reads of
+        the statistics wait for nothing of the program's)."""
+        return torch.cuda.stream(self.side)
+
+    def release(self) -> None:
+        """After the verdict: nothing of the sentinel's still reads what is let go now."""
+        self.side.synchronize()
 
     def call_seconds(self) -> float:
         """The compiled call's device time, from its events (after ``wait``)."""

@@ -1,0 +1,183 @@
+"""A check whose verdict is read at a later call (``sentinel/runs/deferred.py``, the
+pending verdicts in ``sentinel/check.py``): what can be decided on a CPU.
+
+The device work itself (the replay on the sentinel's stream, the events) cannot exist on
+this CPU: ``CpuLater`` STANDS IN for it, running the references op by op at the launch and
+saying it is done only when the test says so. Everything else is the sentinel's own: the
+real ``check.call``, the graph's record, the schedule, the judge. The GPU check
+``tests/gpu/gpu_checks.py deferred_verdicts`` runs the real thing on a device."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, List
+
+import pytest
+
+pytestmark = pytest.mark.fast
+torch = pytest.importorskip("torch")
+
+from rocm_autopatch.sentinel import check  # noqa: E402
+from rocm_autopatch.sentinel.runs import deferred, replay  # noqa: E402
+from rocm_autopatch.sentinel.runs.graph import Graph  # noqa: E402
+from rocm_autopatch.sentinel.scheduling import schedule  # noqa: E402
+
+
+class CpuLater(deferred.Later):
+    """STAND-IN for the device work of a deferred check (no stream or event on a CPU): the
+    references run op by op at the launch; done when the test says so, or waited for."""
+
+    done_now = False  # the test's switch: is the sentinel's "stream" past this check?
+
+    def __init__(self, captured: Any, device: Any) -> None:
+        self.captured, self.device = captured, device
+        self.launch_seconds = 0.0
+        self.waited = False
+
+    def affordable(self, res: Any, flat: List[Any], mutated: Any) -> bool:
+        return True
+
+    def launch(self, res: Any, flat: List[Any], pre: Any, mutated: Any) -> None:
+        from torch.utils._pytree import tree_flatten
+
+        leaves, self.spec = tree_flatten(res)
+        self.outputs = [x.clone() for x in leaves]
+        self.after = {i: flat[i].clone() for i in sorted(mutated)}
+        self.runs = check.reference_runs(self.captured.graph, flat, pre)
+        from rocm_autopatch.sentinel.runs import numerics
+
+        self.versions = numerics.versions(flat)
+
+    def finished(self) -> bool:
+        return CpuLater.done_now
+
+    def wait(self) -> None:
+        self.waited = True
+
+    def judging(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def release(self) -> None:
+        pass
+
+    def call_seconds(self) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def deferring(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every check of a graph due where the test says, its references "captured"; no repro
+    written for the graphs found wrong."""
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    monkeypatch.setattr(deferred, "Later", CpuLater)
+    monkeypatch.setattr(replay.Replays, "ready",
+                        lambda self, shape, flat, pre: getattr(self, "stand_in", None))
+    CpuLater.done_now = False
+    due_at: set = set()
+    real_due = schedule.Schedule.due
+
+    def due(self: Any, flat: List[Any]) -> Any:
+        real_due(self, flat)  # counts the call, follows shapes and values
+        return schedule.SAMPLED if self.calls in due_at else None
+
+    monkeypatch.setattr(schedule.Schedule, "due", due)
+    yield due_at
+    check.settle_all()  # nothing left pending for the next test
+
+
+def watched(fn: Any, compiled: Any = None, how: str = "check") -> Graph:
+    graph = Graph(torch.fx.symbolic_trace(fn), compiled or fn, "t/0", "test", how, 1, 0.01)
+    graph.replays.stand_in = SimpleNamespace(graph=graph, copied={})
+    return graph
+
+
+def step(x: Any, w: Any) -> Any:
+    return (x @ w).sin()
+
+
+def wrong(x: Any, w: Any) -> Any:  # the "compiled" graph: 1.5x too large
+    return (x @ w).sin() * 1.5
+
+
+X, W = torch.randn(4, 16), torch.randn(16, 16)
+
+
+def test_a_verdict_is_read_at_the_first_call_after_its_work_is_done(deferring: set) -> None:
+    deferring.add(1)
+    graph = watched(step)
+    with torch.no_grad():
+        out = check.call(graph, (X, W), {})
+        assert torch.equal(out, step(X, W))  # the program's result, at once
+        assert graph.pending is not None and graph.entry["calls_checked"] == 0
+        check.call(graph, (X, W), {})  # its work not done yet: nothing waits for it
+        assert graph.pending is not None and not graph.pending.later.waited
+        CpuLater.done_now = True
+        check.call(graph, (X, W), {})
+    assert graph.pending is None
+    entry = graph.entry
+    assert (entry["status"], entry["calls_checked"], entry["checks_read_later"]) == (
+        "passed", 1, 1)
+
+
+def test_a_check_that_falls_due_waits_for_the_verdict_before_it(deferring: set) -> None:
+    deferring.update({1, 2})
+    graph = watched(step)
+    with torch.no_grad():
+        check.call(graph, (X, W), {})
+        first = graph.pending
+        check.call(graph, (X, W), {})
+    assert first.later.waited and graph.pending is not first  # one check at a time
+    assert graph.entry["calls_checked"] == 1 and graph.entry["status"] == "passed"
+
+
+def test_a_wrong_graph_is_named_at_the_call_that_was_checked(deferring: set) -> None:
+    deferring.add(3)
+    graph = watched(step, wrong)
+    with torch.no_grad():
+        for _ in range(5):
+            check.call(graph, (X, W), {})
+        CpuLater.done_now = True
+        check.call(graph, (X, W), {})  # read here, at call 6
+    entry = graph.entry
+    assert entry["status"] == "failed" and entry["found_at_call"] == 3, entry
+    assert "(at call 3, " in entry["reason"] and entry["repro"] == ""
+
+
+def test_an_input_written_in_place_before_the_verdict_voids_the_check(deferring: set
+                                                                       ) -> None:
+    deferring.add(1)
+    graph = watched(step, wrong)  # wrong: were it judged, it would fail
+    w = W.clone()
+    with torch.no_grad():
+        check.call(graph, (X, w), {})
+        w.mul_(2.0)  # the program updates a weight the references read in place
+        CpuLater.done_now = True
+        check.call(graph, (X, w), {})
+    entry = graph.entry
+    assert entry["status"] != "failed" and entry["checks_skipped"] == 1, entry
+    assert entry["skipped_reason"].startswith("not checked: the program wrote inputs [1]")
+
+
+def test_the_exit_reads_the_verdicts_still_pending(deferring: set) -> None:
+    deferring.add(1)
+    graph = watched(step, wrong)
+    with torch.no_grad():
+        check.call(graph, (X, W), {})
+    assert graph.entry["status"] == "pending" and graph in check._WAITING
+    check.settle_all()  # registered with atexit at the first deferred check
+    assert graph.entry["status"] == "failed" and graph.entry["found_at_call"] == 1
+    assert graph.pending is None and graph not in check._WAITING
+
+
+def test_fallback_and_a_checked_backward_never_defer(deferring: set) -> None:
+    deferring.update({1})
+    fallback = watched(step, how="fallback")
+    with torch.no_grad():
+        check.call(fallback, (X, W), {})
+    assert fallback.pending is None and fallback.entry["calls_checked"] == 1
+    graph = watched(step)
+    check.call(graph, (X, W.clone().requires_grad_()), {})  # gradients on: checked at once
+    assert graph.pending is None and graph.entry["calls_checked"] == 1
+    assert graph.entry["checks_read_later"] == 0
