@@ -40,8 +40,8 @@ if sys.argv[4:] == ["op_by_op"]:  # the references never replayed (as before iss
     from rocm_autopatch.sentinel.runs import replay
     replay.Replays.replayed = lambda self, *a, **k: None
 if sys.argv[4:] == ["at_call"]:  # every verdict read at the checked call (never deferred)
-    from rocm_autopatch.sentinel import check
-    check.Check.deferred = lambda self: False
+    from rocm_autopatch.sentinel import pending
+    pending.launch = lambda check: False
 if bug_at:
     from torch._inductor import decomposition as d
     def bad_cos(x):  # wrong from position bug_at on: a 1.5x cosine (eager is right)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from rocm_autopatch import log, record, settings, torch_releases
 from rocm_autopatch.reporting import placement, schema
@@ -141,11 +141,27 @@ def _number(name: str) -> Optional[str]:
     return None if found is None else str(found)
 
 
+# What a concern must finish before the report is written (the sentinel's verdicts still
+# pending): registered by the concern, run first by ``write``, each bounded by its owner.
+BEFORE_WRITE: List[Callable[[], None]] = []
+
+
+def before_write(fn: Callable[[], None]) -> None:
+    """Run ``fn`` before the report is written (once per function)."""
+    if fn not in BEFORE_WRITE:
+        BEFORE_WRITE.append(fn)
+
+
 def write(col: Collector) -> None:
     """The exit handler: write ``col``'s file once per process; never raises."""
     if col.written and col.pid == os.getpid():
         return
     col.written = True
+    for fn in list(BEFORE_WRITE):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - never at exit
+            pass
     if col.compiles == 0 and not col.backward:
         return  # compiled nothing (a launcher, a data worker): no file
     path = "?"

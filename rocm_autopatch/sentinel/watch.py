@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Tuple
 
 from rocm_autopatch import frames, log, patching, record, settings, torch_releases
 from rocm_autopatch.guards import compile_frame
-from rocm_autopatch.sentinel import check
+from rocm_autopatch.sentinel import check, pending
 from rocm_autopatch.sentinel.healing import alarm, background, fixes, repro
 from rocm_autopatch.sentinel.judging.status import (
     FAILED,
@@ -238,6 +238,7 @@ def say_verdict() -> None:
     """At exit: the verdict line (a process that compiled nothing says nothing), and under
     ``fallback`` the background bisection of the graphs that fell back."""
     try:
+        pending.settle_all()  # the verdicts still pending first (also run by the report)
         if sum(section()["totals"].values()):
             log.notice(verdict())
         info, limit = section(), alarm.bisect_limit()

@@ -301,13 +301,13 @@ def replayed_references() -> Dict[str, Any]:
     os.environ.update(ROCM_AUTOPATCH_VERIFY="fallback", ROCM_AUTOPATCH_VERIFY_DIR="off")
     import torch
 
-    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel import compare
     from rocm_autopatch.sentinel.runs import numerics
     from rocm_autopatch.sentinel.scheduling import schedule
 
     due = schedule.Schedule.due
     schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
-    runs = check.reference_runs
+    runs = compare.reference_runs
     seen: list = []
 
     def spy(graph: Any, flat: Any, pre: Any, shape: Any = None, need: int = 0) -> Any:
@@ -323,7 +323,7 @@ def replayed_references() -> Dict[str, Any]:
             (a.double() - b.double()).abs().max().item() for a, b in zip(got, want))})
         return out
 
-    check.reference_runs = spy
+    compare.reference_runs = spy
     torch.manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
                                   / 16, requires_grad=False) for _ in range(4)]
@@ -405,21 +405,22 @@ def _digest(tensors: Any) -> str:
 
 def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
     """issue 43: under ``check``, a decode-like step run under ``no_grad`` and checked at
-    every call: from the third check of its shape (captured at the second) the references
-    run beside the program and the verdict is read at a later call. The program's results
+    every call: captured at its first check, from the second the references run beside the
+    program and the verdict is read at a later call. The program's results
     (a digest, against the same loop under ``fallback``, which never defers: bit for bit);
     the host time of each call; a weight written in place right after a deferred check
     (that check is void, not a false alarm, and the weight copied from the next capture
     on); a static input buffer refilled in place before every call (copied at each
     launch: nothing void); the same
-    step wrong from call 13 found at call 13; a process that exits with a verdict not read
-    yet (read at exit, in its report)."""
+    step wrong from call 13 (call 13's deferred verdict differs; call 14, checked at the
+    call, confirms it: the alarm); a process that exits with a verdict not read yet (read at
+    exit, in its report)."""
     os.environ.update(ROCM_AUTOPATCH_VERIFY_DIR="off")
     import torch
     import torch._inductor.config as inductor_config
 
     import rocm_autopatch
-    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel import pending
     from rocm_autopatch.sentinel.scheduling import schedule
 
     due = schedule.Schedule.due
@@ -475,7 +476,7 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
                 outs.append([t.clone() for t in out])
         torch.cuda.synchronize()
         unread = rocm_autopatch.report().verify["graphs"][-1]["calls_checked"]
-        check.settle_all()  # what the exit does: the last verdict read
+        pending.settle_all()  # what the exit does: the last verdict read
         g = rocm_autopatch.report().verify["graphs"][-1]
         results[label] = {"calls_checked_before_the_last_verdict": unread,
             "outputs": _digest(t for o in outs for t in o), "host_ms": host,
@@ -489,7 +490,8 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
     import tempfile
 
     exits = {}
-    for calls in (3, 4):  # the third check is the first deferred; exit right after it
+    for calls in (3, 4):  # captured at the first check, deferred from the second: exit
+        # right after a deferred check
         report = os.path.join(tempfile.mkdtemp(), "report.json")
         proc = subprocess.run([sys.executable, "-c", DEFERRED_EXIT], capture_output=True,
                               text=True, timeout=300,

@@ -131,8 +131,11 @@ def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: d
     # a static input buffer refilled before every call: copied at each launch, nothing void
     assert refilled["status"] == "passed" and refilled["checks_skipped"] == 0, refilled
     assert refilled["checks_read_later"] == 15 and refilled["calls_checked"] == 16
-    # a bug from call 13: the verdict read later names the call that was checked
-    assert wrong["status"] == "failed" and wrong["found_at_call"] == 13
+    # a bug from call 13: call 13's deferred verdict differs, call 14 (checked at the call)
+    # confirms it and raises the alarm
+    assert wrong["status"] == "failed" and wrong["found_at_call"] == 14, wrong
+    assert wrong["checks_read_later"] == 12
+    assert wrong["skipped_reason"].startswith("call 13's check, its verdict read later")
     for calls in (3, 4):  # a verdict still unread at exit is read then, and reported
         ended = got["exit"][str(calls)]
         assert ended["returncode"] == 0

@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.fast
 torch = pytest.importorskip("torch")
 
-from rocm_autopatch.sentinel import check  # noqa: E402
+from rocm_autopatch.sentinel import check, compare, pending  # noqa: E402
 from rocm_autopatch.sentinel.runs import deferred, replay  # noqa: E402
 from rocm_autopatch.sentinel.runs.graph import Graph  # noqa: E402
 from rocm_autopatch.sentinel.scheduling import schedule  # noqa: E402
@@ -25,7 +25,8 @@ from rocm_autopatch.sentinel.scheduling import schedule  # noqa: E402
 
 class CpuLater(deferred.Later):
     """STAND-IN for the device work of a deferred check (no stream or event on a CPU): the
-    references run op by op at the launch; done when the test says so, or waited for."""
+    references run op by op when the work is "done" (the test says so, or it is waited
+    for), reading the inputs read in place then, late, as a replay on a stream does."""
 
     done_now = False  # the test's switch: is the sentinel's "stream" past this check?
 
@@ -43,16 +44,26 @@ class CpuLater(deferred.Later):
         leaves, self.spec = tree_flatten(res)
         self.outputs = [x.clone() for x in leaves]
         self.after = {i: flat[i].clone() for i in sorted(mutated)}
-        self.runs = check.reference_runs(self.captured.graph, flat, pre)
+        taken = {i: flat[i].clone() for i in self.captured.copied}  # copied at the launch
+        self.inputs = [taken.get(i, x) for i, x in enumerate(flat)]
+        self.pre, self.runs = pre, None
         from rocm_autopatch.sentinel.runs import numerics
 
         self.versions = numerics.versions(flat)
 
+    def _run(self) -> None:
+        if self.runs is None:
+            self.runs = compare.reference_runs(self.captured.graph, self.inputs, self.pre)
+
     def finished(self) -> bool:
+        if CpuLater.done_now:
+            self._run()
         return CpuLater.done_now
 
-    def wait(self) -> None:
+    def wait(self, seconds: float = 0.0) -> bool:
         self.waited = True
+        self._run()
+        return True
 
     def judging(self) -> Any:
         import contextlib
@@ -84,12 +95,14 @@ def deferring(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     monkeypatch.setattr(schedule.Schedule, "due", due)
     yield due_at
-    check.settle_all()  # nothing left pending for the next test
+    pending.settle_all()  # nothing left pending for the next test
 
 
 def watched(fn: Any, compiled: Any = None, how: str = "check") -> Graph:
+    """A graph under watch; its capture's stand-in reads parameters in place and copies the
+    rest, as ``replay`` does (small inputs)."""
     graph = Graph(torch.fx.symbolic_trace(fn), compiled or fn, "t/0", "test", how, 1, 0.01)
-    graph.replays.stand_in = SimpleNamespace(graph=graph, copied={})
+    graph.replays.stand_in = SimpleNamespace(graph=graph, copied={0: None}, read={1: None})
     return graph
 
 
@@ -101,7 +114,7 @@ def wrong(x: Any, w: Any) -> Any:  # the "compiled" graph: 1.5x too large
     return (x @ w).sin() * 1.5
 
 
-X, W = torch.randn(4, 16), torch.randn(16, 16)
+X, W = torch.randn(4, 16), torch.nn.Parameter(torch.randn(16, 16), requires_grad=False)
 
 
 def test_a_verdict_is_read_at_the_first_call_after_its_work_is_done(deferring: set) -> None:
@@ -132,24 +145,47 @@ def test_a_check_that_falls_due_waits_for_the_verdict_before_it(deferring: set) 
     assert graph.entry["calls_checked"] == 1 and graph.entry["status"] == "passed"
 
 
-def test_a_wrong_graph_is_named_at_the_call_that_was_checked(deferring: set) -> None:
+def test_a_deferred_verdict_that_differs_is_confirmed_at_the_call_before_any_alarm(
+        deferring: set) -> None:
     deferring.add(3)
     graph = watched(step, wrong)
     with torch.no_grad():
         for _ in range(5):
             check.call(graph, (X, W), {})
+        assert graph.entry["status"] == "pending" and graph.pending is not None
         CpuLater.done_now = True
-        check.call(graph, (X, W), {})  # read here, at call 6
+        check.call(graph, (X, W), {})  # call 3's verdict read here; call 6 checked at once
     entry = graph.entry
-    assert entry["status"] == "failed" and entry["found_at_call"] == 3, entry
-    assert "(at call 3, " in entry["reason"] and entry["repro"] == ""
+    assert entry["status"] == "failed" and entry["found_at_call"] == 6, entry
+    assert entry["skipped_reason"].startswith("call 3's check, its verdict read later, "
+                                              "differed from eager")
+    assert graph.schedule.calls == 6 and entry["calls_checked"] == 2
+    assert entry["checks_read_later"] == 1 and entry["repro"] == ""
+
+
+def test_a_deferred_difference_not_confirmed_raises_no_alarm(deferring: set) -> None:
+    """A write the version counters cannot see (``.data``) made call 1's deferred check
+    differ; the program's next call, checked at the call, passes: no alarm."""
+    deferring.add(1)
+    graph = watched(step)
+    w = torch.nn.Parameter(W.detach().clone(), requires_grad=False)
+    with torch.no_grad():
+        check.call(graph, (X, w), {})
+        w.data.mul_(2.0)  # not seen by w's version counter
+        CpuLater.done_now = True
+        check.call(graph, (X, w), {})
+    entry = graph.entry
+    assert entry["status"] == "passed" and entry["found_at_call"] is None, entry
+    assert entry["skipped_reason"].startswith("call 1's check, its verdict read later, "
+                                              "differed")
+    assert entry["calls_checked"] == 2 and graph.confirm == 0
 
 
 def test_an_input_written_in_place_before_the_verdict_voids_the_check(deferring: set
                                                                        ) -> None:
     deferring.add(1)
     graph = watched(step, wrong)  # wrong: were it judged, it would fail
-    w = W.clone()
+    w = torch.nn.Parameter(W.detach().clone(), requires_grad=False)  # read in place
     with torch.no_grad():
         check.call(graph, (X, w), {})
         w.mul_(2.0)  # the program updates a weight the references read in place
@@ -162,13 +198,29 @@ def test_an_input_written_in_place_before_the_verdict_voids_the_check(deferring:
 
 def test_the_exit_reads_the_verdicts_still_pending(deferring: set) -> None:
     deferring.add(1)
-    graph = watched(step, wrong)
+    healthy, bad = watched(step), watched(step, wrong)
     with torch.no_grad():
-        check.call(graph, (X, W), {})
-    assert graph.entry["status"] == "pending" and graph in check._WAITING
-    check.settle_all()  # registered with atexit at the first deferred check
-    assert graph.entry["status"] == "failed" and graph.entry["found_at_call"] == 1
-    assert graph.pending is None and graph not in check._WAITING
+        check.call(healthy, (X, W), {})
+        check.call(bad, (X, W), {})
+    assert {healthy.entry["status"], bad.entry["status"]} == {"pending"}
+    assert healthy in pending._WAITING and bad in pending._WAITING
+    pending.settle_all()  # at exit, and before the compile report is written
+    assert healthy.entry["status"] == "passed" and healthy.entry["calls_checked"] == 1
+    # no next call to confirm a difference: said, not alarmed
+    assert bad.entry["status"] == "skipped" and bad.entry["found_at_call"] is None
+    assert "not confirmed, the process ended" in bad.entry["reason"]
+    assert not pending._WAITING and healthy.pending is None and bad.pending is None
+
+
+def test_an_inference_tensor_read_in_place_is_judged_at_the_call(deferring: set) -> None:
+    """Its writes leave no version to compare: deferring could not tell them."""
+    deferring.add(1)
+    graph = watched(step)
+    with torch.inference_mode():
+        w = torch.nn.Parameter(torch.randn(16, 16), requires_grad=False)
+        check.call(graph, (X, w), {})
+    assert graph.pending is None and graph.entry["calls_checked"] == 1
+    assert graph.entry["checks_read_later"] == 0
 
 
 def test_fallback_and_a_checked_backward_never_defer(deferring: set) -> None:

@@ -103,7 +103,7 @@ def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
     rest is the state before the call in every run), and a compiled step that writes the
     wrong position is still caught."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel.check import written_regions
+    from rocm_autopatch.sentinel.compare import written_regions
     from rocm_autopatch.sentinel.judging import judge
 
     before, exact = _cache()
@@ -128,7 +128,7 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     judged at the positions any of them changed; one written a position late is caught,
     and a cache of another shape keeps its own positions; strides do not matter."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel.check import written_regions
+    from rocm_autopatch.sentinel.compare import written_regions
     from rocm_autopatch.sentinel.judging import judge
 
     items = []
@@ -157,7 +157,7 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
 
 def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
     pytest.importorskip("torch")
-    from rocm_autopatch.sentinel.check import written_regions
+    from rocm_autopatch.sentinel.compare import written_regions
 
     before, _ = _cache()
     (same,) = written_regions([(before, before.clone(), before.clone(), before.double())])
@@ -174,7 +174,7 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     which inference tensors lack) is run again under ``no_grad`` on fresh copies, and from
     then on: what the failed run wrote is not seen. Running out of memory is not retried."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel import compare
     from rocm_autopatch.sentinel.runs import memory, snapshot
     from rocm_autopatch.sentinel.runs.graph import Graph
 
@@ -191,12 +191,12 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     pre = snapshot.Snapshot(flat, frozenset({1}))
     for fn, inference in ((writes, True), (refuses, False)):
         graph = Graph(torch.fx.symbolic_trace(fn), fn, "t/0", "test", "check", 1, 0.01)
-        eager_inputs, inputs64, ref, ref64, _ = check.reference_runs(graph, flat, pre)
+        eager_inputs, inputs64, ref, ref64, _ = compare.reference_runs(graph, flat, pre)
         assert graph.inference_mode is inference and ref.is_inference() is inference
         assert torch.equal(eager_inputs[1], torch.ones(4)), fn.__name__  # written once
         assert inputs64[1].dtype == torch.float64 and torch.equal(cache, torch.zeros(4))
         assert ref64.dtype == torch.float64
-    assert torch.allclose(torch.sin(x.double()), check.reference_runs(
+    assert torch.allclose(torch.sin(x.double()), compare.reference_runs(
         Graph(torch.fx.symbolic_trace(writes), writes, "t/1", "test", "check", 1, 0.01),
         flat, pre)[3])
 
@@ -207,5 +207,5 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     graph = Graph(torch.fx.symbolic_trace(too_large), too_large, "t/2", "test", "check", 1,
                   0.01)
     with pytest.raises(RuntimeError, match="allocate") as raised:
-        check.reference_runs(graph, flat, pre)
+        compare.reference_runs(graph, flat, pre)
     assert memory.out_of_memory(raised.value) and graph.inference_mode

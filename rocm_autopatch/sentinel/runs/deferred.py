@@ -1,8 +1,10 @@
 """A check whose references run beside the program, its verdict read at a later call.
 
 Under ``check`` the program's result is the compiled one whatever the verdict, so nothing it
-does needs to wait for one. Where a shape's references are captured (``replay``) and
-gradients are off, a check launches them and returns: on the program's stream, after the
+does needs to wait for one. Where a shape's references are captured (``replay``), no
+gradient is checked and every input the replay reads in place has a version counter (an
+inference tensor has none: a write to it could not be seen), a check launches them and
+returns: on the program's stream, after the
 compiled call, the call's outputs and the inputs it wrote are copied (the program may write
 or free them next); then, on the sentinel's own stream, behind an event, the captured
 references replay on the state before the call (the snapshot). A later call of the graph
@@ -10,14 +12,18 @@ reads the verdict once the sentinel's stream has passed its event (``finished``,
 that never waits); a check that falls due first, and the process's exit, wait for it.
 
 What a deferred check must not get wrong, and how:
-- the program's stream never waits for the sentinel's, and no host synchronisation is made
-  at the call: the compiled call is timed by events, read with the verdict;
-- inputs a replay copies (ids, positions: their address moves) are copied at the call, on
-  the program's stream; the rest (parameters, a cache the graph does not write) are read
+- the program's stream never waits for the sentinel's, and the references and the judge
+  make no host synchronisation at the call (the magnitudes read before it still do): the
+  compiled call is timed by events, read with the verdict;
+- inputs a replay copies (those that are not parameters, up to ``replay.COPY_BYTES`` each,
+  and those seen to move) are copied at the call, on the program's stream; the rest
+  (parameters, a large cache the graph does not write) are read
   where they are, later than the call: an input whose version counter moved before the
   verdict (the program wrote it in place: a static input buffer refilled for the next
   call) voids the check, which is said and not judged, and that input is copied from the
-  shape's next capture on;
+  shape's next capture on; a write that bypasses the counter (``.data``, a kernel writing
+  through a raw pointer) cannot be seen, so a deferred verdict that differs raises no
+  alarm: the graph's next call is checked at the call, and only that verdict counts;
 - the inputs and copies stay referenced until the verdict, so no memory they use is handed
   to the program while the sentinel's stream still reads it;
 - the copies are bounded: outputs and written inputs together at most ``COPY_SHARE`` of
@@ -96,8 +102,18 @@ class Later:
         """Has the sentinel's stream passed this check's work (never waits)?"""
         return bool(self.done.query())
 
-    def wait(self) -> None:
-        self.done.synchronize()
+    def wait(self, seconds: float = 0.0) -> bool:
+        """Wait for this check's work (at most ``seconds`` where given: at exit, a program
+        whose stream is stuck must not hang there); was it done?"""
+        if not seconds:
+            self.done.synchronize()
+            return True
+        deadline = time.perf_counter() + seconds
+        while not self.done.query():
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def judging(self) -> Any:
         """Where the judge runs: on the sentinel's stream, whose work is done (its reads of
@@ -105,18 +121,21 @@ class Later:
         return torch.cuda.stream(self.side)
 
     def release(self) -> None:
-        """After the verdict: nothing of the sentinel's still reads what is let go now."""
-        self.side.synchronize()
+        """After the verdict: nothing of the sentinel's still reads what is let go now (the
+        judge's last work; its own reads have waited for the rest)."""
+        if self.done.query():
+            self.side.synchronize()
 
     def call_seconds(self) -> float:
         """The compiled call's device time, from its events (after ``wait``)."""
         return self.start.elapsed_time(self.end) / 1000.0
 
-    def overwritten(self, flat: List[Any], mutated: FrozenSet[int]) -> List[int]:
+    def overwritten(self, flat: List[Any]) -> List[int]:
         """Inputs the references read in place that the program wrote since the call (the
-        written ones are read from the snapshot, the copied ones were copied at the call)."""
+        written ones are read from the snapshot, the copied ones were copied at the call;
+        an input that aliases a written one is read from the snapshot too)."""
         return sorted(i for i in numerics.changed(flat, self.versions)
-                      if i not in mutated and i not in self.captured.copied)
+                      if i in self.captured.read)
 
     def result(self) -> Any:
         """The call's result as it was (the copies), for the judge and a repro."""

@@ -36,7 +36,8 @@ class Graph:
         self.analyses: Dict[Any, Any] = {}  # by shape signature
         self.names = list(numerics.held(gm))  # tensors the graph holds itself (torch 2.4)
         self.inference_mode = True  # its reference runs run in inference mode (check.py)
-        self.pending: Any = None  # a check whose verdict is read later (check.Check.deferred)
+        self.pending: Any = None  # a check whose verdict is read later (sentinel.pending)
+        self.confirm = 0  # the call whose deferred verdict differed: the next is checked at once
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
         self.entry = graph_record.new(graph_id, where, **schedule.coverage(self.schedule))

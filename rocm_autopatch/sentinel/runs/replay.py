@@ -49,6 +49,9 @@ FIRST_SHARE = HELD_SHARE / 2
 # Inputs that are not parameters, up to this size each, are copied at each replay rather
 # than read where they are (a program refills or remakes them between calls).
 COPY_BYTES = 64 << 20
+# ...and at most this much together (weights kept as buffers, GPTQ's ``qweight``, are
+# read in place past it).
+COPY_TOTAL = 256 << 20
 _HELD = {"bytes": 0}
 _STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
@@ -197,14 +200,15 @@ class Replays:
                 .total_memory):
             return None
         moved = self.moved.get(shape, set()) | {
-            i for i, (was, x) in enumerate(zip(seen or [], flat)) if was != _where(x)} | {
-            i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)
-            and not isinstance(x, torch.nn.Parameter)
-            and x.untyped_storage().nbytes() <= COPY_BYTES}
+            i for i, (was, x) in enumerate(zip(seen or [], flat)) if was != _where(x)}
+        moved |= _small_inputs(flat)
         try:
             captured = Captured(graph, flat, pre, sorted(moved), inference, device)
         except Exception as exc:  # noqa: BLE001 - an op that synchronises: op by op for good
             torch.cuda.synchronize()
+            if seen is None:  # a first run may fail for a reason a second has learned
+                torch.cuda.empty_cache()  # (inference mode, memory): captured at the next
+                return None
             self.never = (f"run op by op: capturing them failed ({type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0][:120] if str(exc) else ''})")
             self.why = self.never
@@ -263,6 +267,19 @@ class Replays:
         else:
             self.moved.setdefault(shape, set()).update(moved)
         self.why = "run op by op: its inputs moved from where the capture read them"
+
+
+def _small_inputs(flat: List[Any]) -> set:
+    """The inputs that are not parameters, up to ``COPY_BYTES`` each and ``COPY_TOTAL``
+    together (in order): copied at each replay, not read in place."""
+    found, total = set(), 0
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter):
+            size = x.untyped_storage().nbytes()
+            if size <= COPY_BYTES and total + size <= COPY_TOTAL:
+                found.add(i)
+                total += size
+    return found
 
 
 def capture_stream(device: Any) -> Any:

@@ -393,6 +393,16 @@ class Schedule:
             self.period = _power_of_two(self.overhead() / (share * pace))
 
 
+def charge(plan: Schedule, seconds: float) -> None:
+    """What reading a deferred check's verdict cost, added to that check's (counted at its
+    launch, ``Schedule.checked``)."""
+    plan.spent += seconds
+    LEDGER.spent += seconds
+    for costs in (plan.overheads, plan.warm):
+        if costs:
+            costs[-1] += seconds
+
+
 def coverage(plan: Schedule) -> Dict[str, Any]:
     """What ``plan``'s checks covered, for the report (one graph)."""
     largest = max(plan.checked_max.values(), default=None)

@@ -1,0 +1,138 @@
+"""One call's references and the judge's verdict on it: eager and float64 run on copies of
+the state the call writes (replayed as a device graph where captured, ``runs.replay``, else
+op by op), the regions of the written inputs that changed, and the judged values. Used by a
+check judged at the call (``check``) and by one whose verdict is read later (``pending``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple
+
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.runs import memory, numerics
+from rocm_autopatch.sentinel.runs.graph import Graph
+
+
+def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
+               shape: Any = None, need: int = 0) -> Tuple[List[Any], int]:
+    """Eager and float64 run on the same inputs: what they write goes to copies of the
+    state before the call (overlapping views still overlap); what they only read is
+    shared, never copied."""
+    runs = reference_runs(graph, flat, pre, shape, need)
+    return judged(graph, runs, pre, numerics.leaves(res), {i: flat[i] for i in mutated})
+
+
+def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
+           after: Dict[int, Any]) -> Tuple[List[Any], int]:
+    """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
+    compiled outputs ``res`` (flattened) and the written inputs as the call left them
+    (``after``, by index): (the values it rejects, how many of them are outputs)."""
+    import torch
+
+    eager_inputs, inputs64, ref, ref64, kept = runs
+    derived = {i: judge.Derived(op, [kept.get(n, n) if isinstance(n, torch.fx.Node)
+                                     else n for n in nodes], dtype, dim, keepdim)
+               for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
+    outputs = len(numerics.leaves(ref))
+    empty = {i: f"uninitialised memory ({op})" for i, op in graph.uninitialised.items()}
+    written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
+                               for i in sorted(after)])
+    verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
+                            res + [w[1] for w in written],
+                            numerics.leaves(ref64) + [w[2] for w in written],
+                            judge.TOL_FORWARD, derived, skip=empty,
+                            allowed=judge.Allowance(*graph.allowed))
+    ulps, function = graph.allowed
+    graph.note(judge={"ours": "failed" if verdict.bad else "passed",
+                      "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                      "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
+                      else "none",
+                      **{k: round(v, 3) if isinstance(v, float) else v
+                         for k, v in verdict.stats.items()}})
+    return verdict.bad, outputs
+
+
+def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
+                   need: int = 0) -> Tuple[Any, ...]:
+    """Eager's and float64's inputs and results, and the float64 values the judge keeps:
+    replayed where this shape's references are captured on the device (``replay``), else
+    run op by op. Run in inference mode: without autograd's bookkeeping per op a decode
+    step's references took 6% less on an H100, alternating the two modes check by check
+    (BENCHMARKS.md). Its results never reach the program (``fallback``
+    runs the graph again on the program's own tensors). A graph that refuses inference
+    mode (an op that will not take its tensors), and runs under ``no_grad``, is run so from
+    then on; running out of memory says nothing of that, and is not retried."""
+    import torch
+
+    replays = graph.replays
+    if shape is not None:
+        replayed = replays.replayed(shape, graph, flat, pre, graph.inference_mode, need)
+        if graph.entry["references"] != replays.why:
+            graph.note(references=replays.why)
+        if replayed is not None:
+            return replayed
+    inference = graph.inference_mode
+    while True:
+        made, made64 = pre.make(), pre.make(fp64=True)  # fresh: a failed run wrote them
+        eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
+        inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+        kept: Dict[Any, Any] = {}
+        try:
+            with torch.inference_mode() if inference else torch.no_grad():
+                ref = graph.eager_run(*eager_inputs)
+                ref64 = graph.fp64_run(*inputs64, kept=kept)
+        except Exception as exc:
+            if not inference or memory.out_of_memory(exc):
+                raise
+            inference = False
+            continue
+        graph.inference_mode = inference
+        if shape is not None:
+            replays.ran(shape, flat)
+        return eager_inputs, inputs64, ref, ref64, kept
+
+
+Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled, float64
+
+
+def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
+    """Written inputs as the judge sees them: the elements that eager or compiled changed,
+    flattened (the rest is the state before the call in both, and judging it would dilute
+    the statistics: a static KV cache is written one position per decode step, and judging
+    all of it was most of a decode check's time). Inputs of one shape and dtype are judged
+    at the elements any of them changed, found with one synchronisation (a decode step's
+    16 caches, written at the same position: one, not 16). Where everything or nothing
+    changed, the whole inputs."""
+    import torch
+
+    found: List[Any] = [None] * len(items)
+    groups: Dict[Any, List[int]] = {}
+    for k, item in enumerate(items):
+        if _comparable(*item):
+            groups.setdefault((item[0].shape, item[0].dtype, item[0].device), []).append(k)
+        else:
+            found[k] = item[1:]
+    for ks in groups.values():
+        changed = None
+        for k in ks:  # in place: two ops a value (a decode check is Python-bound)
+            before, eager, compiled, _ = items[k]
+            if changed is None:
+                changed = eager != before
+            else:
+                changed |= eager != before
+            changed |= compiled != before
+        where = changed.flatten().nonzero().squeeze(1)
+        whole = where.numel() in (0, changed.numel())
+        for k in ks:  # ``take`` indexes the elements in order, whatever the strides
+            found[k] = items[k][1:] if whole else tuple(torch.take(x, where)
+                                                        for x in items[k][1:])
+    return found
+
+
+def _comparable(before: Any, eager: Any, compiled: Any, fp64: Any) -> bool:
+    import torch
+
+    return (isinstance(before, torch.Tensor) and isinstance(eager, torch.Tensor)
+            and isinstance(compiled, torch.Tensor) and isinstance(fp64, torch.Tensor)
+            and before.shape == eager.shape == compiled.shape == fp64.shape
+            and eager.dtype == compiled.dtype == before.dtype)
