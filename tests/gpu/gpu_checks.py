@@ -9,6 +9,7 @@ site-packages (the real .pth). ROCm behaviour is produced with ROCM_AUTOPATCH=fo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -289,6 +290,46 @@ def check_memory_estimate() -> Dict[str, Any]:
     return {"estimate": said, "extra": peaks[0] - peaks[1]}
 
 
+def _decode_like(width: int) -> Any:
+    """A decode-like bf16 step and its weights: four layers of parameters (as a model's
+    are: read in place by a replay; other inputs are copied), a static cache written at a
+    position tensor from the first row, the cache's cosine summed and an argmax."""
+    import torch
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(width, width, device="cuda",
+                                              dtype=torch.bfloat16) / width ** 0.5,
+                                  requires_grad=False) for _ in range(4)]
+
+    def step(x: Any, cache: Any, pos: Any) -> Any:
+        for w in weights:
+            x = torch.nn.functional.silu(x @ w)
+        cache.index_copy_(0, pos, x[:1])
+        return cache.float().cos().sum(0), x.argmax(-1)
+
+    return weights, step
+
+
+def _cos_wrong_from_12(bug: Dict[str, bool], graph: Any) -> None:
+    """A post-grad pass (Inductor's ``post_grad_custom_post_pass``): the compiled cosine
+    1.5x from position 12 on (the graph's int64 input), while ``bug["on"]``."""
+    import torch
+
+    if not bug["on"]:
+        return
+    pos = next(n for n in graph.nodes if n.op == "placeholder"
+               and getattr(n.meta.get("val"), "dtype", None) == torch.int64)
+    for node in list(graph.nodes):
+        if node.target is torch.ops.aten.cos.default:
+            with graph.inserting_after(node):
+                late = graph.call_function(torch.ops.aten.ge.Scalar, (pos, 12))
+                wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+                chosen = graph.call_function(torch.ops.aten.where.self, (late, wrong, node))
+            node.replace_all_uses_with(chosen)
+            wrong.args = (node, 1.5)
+            chosen.args = (late, wrong, node)
+
+
 def replayed_references() -> Dict[str, Any]:
     """issue 43: a decode-like step (bf16 layers, a static cache written at a new position
     tensor each call, an argmax) checked at every call: from the second check of its shape
@@ -324,35 +365,12 @@ def replayed_references() -> Dict[str, Any]:
         return out
 
     compare.reference_runs = spy
-    torch.manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-                                  / 16, requires_grad=False) for _ in range(4)]
+    weights, step = _decode_like(256)
     bug = {"on": False}
-
-    def step(x: Any, cache: Any, pos: Any) -> Any:
-        for w in weights:
-            x = torch.nn.functional.silu(x @ w)
-        cache.index_copy_(0, pos, x)
-        return cache.float().cos().sum(0), x.argmax(-1)
 
     import torch._inductor.config as inductor_config
 
-    def miscompile(graph: Any) -> None:  # a post-grad pass: cos 1.5x from position 12 on
-        if not bug["on"]:
-            return
-        pos = next(n for n in graph.nodes if n.op == "placeholder"
-                   and getattr(n.meta.get("val"), "dtype", None) == torch.int64)
-        for node in list(graph.nodes):
-            if node.target is torch.ops.aten.cos.default:
-                with graph.inserting_after(node):
-                    late = graph.call_function(torch.ops.aten.ge.Scalar, (pos, 12))
-                    wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
-                    chosen = graph.call_function(torch.ops.aten.where.self, (late, wrong, node))
-                node.replace_all_uses_with(chosen)
-                wrong.args = (node, 1.5)
-                chosen.args = (late, wrong, node)
-
-    inductor_config.post_grad_custom_post_pass = miscompile
+    inductor_config.post_grad_custom_post_pass = functools.partial(_cos_wrong_from_12, bug)
     import rocm_autopatch
 
     results: Dict[str, Any] = {}
@@ -425,34 +443,10 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
 
     due = schedule.Schedule.due
     schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
-    torch.manual_seed(0)
-    # parameters, as a model's are: read in place by a replay (other inputs are copied)
-    weights = [torch.nn.Parameter(torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
-                                  / 32, requires_grad=False) for _ in range(4)]
+    weights, step = _decode_like(1024)
     bug = {"on": False}
 
-    def step(x: Any, cache: Any, pos: Any) -> Any:
-        for w in weights:
-            x = torch.nn.functional.silu(x @ w)
-        cache.index_copy_(0, pos, x[:1])
-        return cache.float().cos().sum(0), x.argmax(-1)
-
-    def miscompile(graph: Any) -> None:  # a post-grad pass: cos 1.5x from position 12 on
-        if not bug["on"]:
-            return
-        pos = next(n for n in graph.nodes if n.op == "placeholder"
-                   and getattr(n.meta.get("val"), "dtype", None) == torch.int64)
-        for node in list(graph.nodes):
-            if node.target is torch.ops.aten.cos.default:
-                with graph.inserting_after(node):
-                    late = graph.call_function(torch.ops.aten.ge.Scalar, (pos, 12))
-                    wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
-                    chosen = graph.call_function(torch.ops.aten.where.self, (late, wrong, node))
-                node.replace_all_uses_with(chosen)
-                wrong.args = (node, 1.5)
-                chosen.args = (late, wrong, node)
-
-    inductor_config.post_grad_custom_post_pass = miscompile
+    inductor_config.post_grad_custom_post_pass = functools.partial(_cos_wrong_from_12, bug)
     results: Dict[str, Any] = {}
     labels = ("healthy", "written", "refilled", "wrong") if how == "check" else ("healthy",)
     for label in labels:
