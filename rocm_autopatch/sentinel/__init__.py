@@ -5,6 +5,8 @@ The rest of the package enters here only; what is behind the door is laid out by
 
 - ``watch``: the one owner of Inductor's ``compile_fx``: each compiled graph put under watch
   and each of its calls routed; ``check``: one checked call, its steps in order;
+  ``compare``: its references and the judge's verdict on them; ``pending``: the verdicts
+  read at a later call (``check`` on a GPU) and at exit;
 - ``scheduling/``: when a call is checked (first calls, new shapes, magnitudes, positions,
   samples within the budget);
 - ``runs/``: what a check runs: the graph's analysis, its eager and float64 references, the
