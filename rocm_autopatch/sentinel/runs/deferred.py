@@ -33,8 +33,9 @@ What a deferred check must not get wrong, and how:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional
 
 import torch
 
@@ -91,10 +92,11 @@ class Later:
         self.captured.take(flat)  # ids, positions: copied before the program moves on
         ready = torch.cuda.Event()
         ready.record(self.stream)
-        self.side.wait_event(ready)
-        with torch.cuda.stream(self.side):
-            self.runs = self.captured.run(pre)
-        self.done.record(self.side)
+        with replay.STREAM_LOCK:
+            self.side.wait_event(ready)
+            with torch.cuda.stream(self.side):
+                self.runs = self.captured.run(pre)
+            self.done.record(self.side)
         self.versions = numerics.versions(flat)
         self.launch_seconds = time.perf_counter() - began
 
@@ -115,10 +117,12 @@ class Later:
             time.sleep(0.001)
         return True
 
-    def judging(self) -> Any:
+    @contextlib.contextmanager
+    def judging(self) -> Iterator[None]:
         """Where the judge runs: on the sentinel's stream, whose work is done (its reads of
-        the statistics wait for nothing of the program's)."""
-        return torch.cuda.stream(self.side)
+        the statistics wait for nothing of the program's), no other thread's work beside."""
+        with replay.STREAM_LOCK, torch.cuda.stream(self.side):
+            yield
 
     def release(self) -> None:
         """After the verdict: nothing of the sentinel's still reads what is let go now (the

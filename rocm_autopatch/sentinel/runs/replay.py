@@ -55,6 +55,9 @@ COPY_TOTAL = 256 << 20
 _HELD = {"bytes": 0}
 _STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
+# Held while work is put on the sentinel's stream (a capture, a deferred replay, its judge):
+# another thread's work on a stream that is capturing would end up in the capture.
+STREAM_LOCK = threading.RLock()
 
 Refs = Tuple[List[Any], List[Any], Any, Any, Dict[Any, Any]]  # check.reference_runs' result
 
@@ -117,7 +120,7 @@ class Captured:
                 return (graph.eager_run(*self.eager_inputs),
                         graph.fp64_run(*self.inputs64, kept=kept))
 
-        with torch.cuda.stream(stream):
+        with STREAM_LOCK, torch.cuda.stream(stream):
             # Warmed up on the stream it is captured on: on ROCm a BLAS handle is made per
             # (device, stream) at its first use, which a capture cannot do
             # (ROCm/TransformerEngine#644: a capture error, or a hang). The warm-up is this
