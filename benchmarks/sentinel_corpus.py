@@ -178,8 +178,8 @@ import rocm_autopatch
 v = rocm_autopatch.report().verify
 KEYS = ("status", "reason", "judge", "backward", "mismatch", "calls", "calls_checked",
         "checked_because", "shapes", "period", "values_stride", "found_at_call",
-        "found_because",
-        "unverified_calls", "references")
+        "found_because", "unverified_calls", "references", "checks_read_later",
+        "skipped_reason")
 print(json.dumps({"graphs": [{k: g.get(k) for k in KEYS} for g in v["graphs"]],
                   "late": globals().get("late_result")}, default=str))
 '''
