@@ -4,26 +4,26 @@ Under ``check`` the program's result is the compiled one whatever the verdict, s
 does needs to wait for one. Where a shape's references are captured (``replay``), no
 gradient is checked and every input the replay reads in place has a version counter (an
 inference tensor has none: a write to it could not be seen), a check launches them and
-returns: on the program's stream, after the
-compiled call, the call's outputs and the inputs it wrote are copied (the program may write
-or free them next); then, on the sentinel's own stream, behind an event, the captured
-references replay on the state before the call (the snapshot). A later call of the graph
-reads the verdict once the sentinel's stream has passed its event (``finished``, a query
-that never waits); a check that falls due first, and the process's exit, wait for it.
+returns: on the program's stream, after the compiled call, the call's outputs and the
+inputs it wrote are copied (the program may write or free them next); then, on the
+sentinel's own stream, behind an event, the captured references replay on the state
+before the call (the snapshot). A later call of the graph reads the verdict once the
+sentinel's stream has passed its event (``finished``, a query that never waits); a check
+that falls due first, and the process's exit, wait for it (``sentinel.pending``).
 
 What a deferred check must not get wrong, and how:
 - the program's stream never waits for the sentinel's, and the references and the judge
   make no host synchronisation at the call (the magnitudes read before it still do): the
-  compiled call is timed by events, read with the verdict;
+  compiled call is timed by events;
 - inputs a replay copies (those that are not parameters, up to ``replay.COPY_BYTES`` each,
   and those seen to move) are copied at the call, on the program's stream; the rest
-  (parameters, a large cache the graph does not write) are read
-  where they are, later than the call: an input whose version counter moved before the
-  verdict (the program wrote it in place: a static input buffer refilled for the next
-  call) voids the check, which is said and not judged, and that input is copied from the
-  shape's next capture on; a write that bypasses the counter (``.data``, a kernel writing
-  through a raw pointer) cannot be seen, so a deferred verdict that differs raises no
-  alarm: the graph's next call is checked at the call, and only that verdict counts;
+  (parameters, a large cache the graph does not write) are read where they are, later
+  than the call: an input whose version counter moved before the verdict (the program
+  wrote it in place: a weight updated between calls) voids the check, which is said and
+  not judged, and that input is copied from the shape's next capture on; a write that
+  bypasses the counter (``.data``, a kernel writing through a raw pointer) cannot be seen,
+  so a deferred verdict that differs raises no alarm: the graph's next call is checked at
+  the call, and only that verdict counts;
 - the inputs and copies stay referenced until the verdict, so no memory they use is handed
   to the program while the sentinel's stream still reads it;
 - the copies are bounded: outputs and written inputs together at most ``COPY_SHARE`` of
