@@ -73,8 +73,6 @@ class CpuLater(deferred.Later):
     def release(self) -> None:
         pass
 
-    def call_seconds(self) -> float:
-        return 0.0
 
 
 @pytest.fixture

@@ -13,8 +13,9 @@ that falls due first, and the process's exit, wait for it (``sentinel.pending``)
 
 What a deferred check must not get wrong, and how:
 - the program's stream never waits for the sentinel's, and the references and the judge
-  make no host synchronisation at the call (the magnitudes read before it still do): the
-  compiled call is timed by events;
+  make no host synchronisation at the call (the magnitudes read before it still do); the
+  compiled call is not timed there (the schedule keeps the time measured at checks
+  judged at the call);
 - inputs a replay copies (those that are not parameters, up to ``replay.COPY_BYTES`` each,
   and those seen to move) are copied at the call, on the program's stream; the rest
   (parameters, a large cache the graph does not write) are read where they are, later
@@ -54,18 +55,14 @@ def copy_bytes(res: Any, flat: List[Any], mutated: FrozenSet[int]) -> int:
 
 
 class Later:
-    """One deferred check's work on the device: started before the compiled call (an event
-    on the program's stream), launched after it."""
+    """One deferred check's work on the device, launched after the compiled call."""
 
     def __init__(self, captured: Any, device: Any) -> None:
         self.captured = captured
         self.device = device
         self.stream = torch.cuda.current_stream(device)
         self.side = replay.capture_stream(device)
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
         self.done = torch.cuda.Event()
-        self.start.record(self.stream)
         self.runs: Any = None
         self.outputs: List[Any] = []
         self.spec: Any = None
@@ -84,7 +81,6 @@ class Later:
         from torch.utils._pytree import tree_flatten
 
         began = time.perf_counter()
-        self.end.record(self.stream)
         leaves, self.spec = tree_flatten(res)
         self.outputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x
                         for x in leaves]
@@ -129,10 +125,6 @@ class Later:
         judge's last work; its own reads have waited for the rest)."""
         if self.done.query():
             self.side.synchronize()
-
-    def call_seconds(self) -> float:
-        """The compiled call's device time, from its events (after ``wait``)."""
-        return self.start.elapsed_time(self.end) / 1000.0
 
     def overwritten(self, flat: List[Any]) -> List[int]:
         """Inputs the references read in place that the program wrote since the call (the
