@@ -18,7 +18,7 @@ pytestmark = pytest.mark.fast
 torch = pytest.importorskip("torch")
 
 from rocm_autopatch.sentinel import check, compare, pending  # noqa: E402
-from rocm_autopatch.sentinel.runs import deferred, replay  # noqa: E402
+from rocm_autopatch.sentinel.runs import deferred, numerics, replay  # noqa: E402
 from rocm_autopatch.sentinel.runs.graph import Graph  # noqa: E402
 from rocm_autopatch.sentinel.scheduling import schedule  # noqa: E402
 
@@ -39,16 +39,11 @@ class CpuLater(deferred.Later):
         return True
 
     def launch(self, res: Any, flat: List[Any], pre: Any, mutated: Any) -> None:
-        from torch.utils._pytree import tree_flatten
-
-        leaves, self.spec = tree_flatten(res)
-        self.outputs = [x.clone() for x in leaves]
+        self.outputs = [x.clone() for x in numerics.leaves(res)]
         self.after = {i: flat[i].clone() for i in sorted(mutated)}
         taken = {i: flat[i].clone() for i in self.captured.copied}  # copied at the launch
         self.inputs = [taken.get(i, x) for i, x in enumerate(flat)]
         self.pre, self.runs = pre, None
-        from rocm_autopatch.sentinel.runs import numerics
-
         self.versions = numerics.versions(flat)
 
     def _run(self) -> None:

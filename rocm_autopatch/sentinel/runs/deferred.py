@@ -65,7 +65,6 @@ class Later:
         self.done = torch.cuda.Event()
         self.runs: Any = None
         self.outputs: List[Any] = []
-        self.spec: Any = None
         self.after: Dict[int, Any] = {}
         self.versions: List[Optional[int]] = []
         self.launch_seconds = 0.0  # host time the launch took, the compiled call left out
@@ -78,12 +77,9 @@ class Later:
     def launch(self, res: Any, flat: List[Any], pre: Any, mutated: FrozenSet[int]) -> None:
         """After the compiled call: copy what the program may change, replay the references
         on the sentinel's stream behind it."""
-        from torch.utils._pytree import tree_flatten
-
         began = time.perf_counter()
-        leaves, self.spec = tree_flatten(res)
         self.outputs = [x.detach().clone() if isinstance(x, torch.Tensor) else x
-                        for x in leaves]
+                        for x in numerics.leaves(res)]
         self.after = {i: flat[i].detach().clone() for i in sorted(mutated)}
         self.captured.take(flat)  # ids, positions: copied before the program moves on
         ready = torch.cuda.Event()
@@ -132,9 +128,3 @@ class Later:
         an input that aliases a written one is read from the snapshot too)."""
         return sorted(i for i in numerics.changed(flat, self.versions)
                       if i in self.captured.read)
-
-    def result(self) -> Any:
-        """The call's result as it was (the copies), for the judge and a repro."""
-        from torch.utils._pytree import tree_unflatten
-
-        return tree_unflatten(self.outputs, self.spec)
