@@ -183,7 +183,9 @@ if open(os.path.join(here, "mode")).read() == "sleep":
     with open(os.path.join(here, "pid"), "w") as fh:
         fh.write(str(os.getpid()))
     time.sleep(300)
-print("not reproduced: a stand-in repro, pid", os.getpid(), "parent", os.getppid())
+from torch._inductor import cpu_vec_isa  # the ISAs picked once by the warm interpreter
+print("not reproduced: a stand-in repro, pid", os.getpid(), "parent", os.getppid(),
+      "isas", cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)
 sys.exit(0)
 '''
 
@@ -223,17 +225,20 @@ print(json.dumps({"first": first, "second": second, "ended": ended, "alive": ali
 
 def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
         torch_venv: Venv, tmp_path: Path) -> None:
-    """A CPU graph's steps are forks of one interpreter that imported torch: each one's
-    verdict is read; if that interpreter dies, the steps go on in fresh interpreters; a step
-    that never ends is killed at the limit, with what it started."""
+    """A CPU graph's steps are forks of one interpreter that imported torch and picked the
+    CPU's vector ISA: each one's verdict is read; if that interpreter dies, the steps go on
+    in fresh interpreters; a step that never ends is killed at the limit, with what it
+    started."""
     (tmp_path / "repro.py").write_text(FAKE_REPRO)
     out = torch_venv.json(STEPS, str(tmp_path))
     ok, last, server = out["first"]
     assert ok and last.startswith("not reproduced: a stand-in repro")
     assert last.split("parent ")[1].split()[0] == str(server)  # forked by the warm one
+    assert last.split("isas ")[1].split()[0] == "1"  # no step probes the CPU again
     ok, last, forked, fork = out["second"]
     assert ok and forked == 1 and fork is False
     assert f"parent {server}" not in last  # a fresh interpreter
+    assert last.split("isas ")[1].split()[0] == "0"
     assert "could not run the step" in (tmp_path / "log").read_text()
     assert out["ended"] == "out of time" and out["forked"] == 1 and out["alive"] is False
 
