@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.judging import choices, judge
 from rocm_autopatch.sentinel.runs import memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph
+
+
+class Undecided(Exception):
+    """The call's results differ where one of its choices was a near tie in float64
+    (``judging.choices``): not judged; the message says why."""
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
@@ -26,7 +31,8 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
            after: Dict[int, Any]) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
-    (``after``, by index): (the values it rejects, how many of them are outputs)."""
+    (``after``, by index): (the values it rejects, how many of them are outputs). Raises
+    ``Undecided`` where they differ and one of the graph's choices was a near tie."""
     import torch
 
     eager_inputs, inputs64, ref, ref64, kept = runs
@@ -43,6 +49,14 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                             judge.TOL_FORWARD, derived, skip=empty,
                             allowed=judge.Allowance(*graph.allowed))
     ulps, function = graph.allowed
+    if verdict.bad:
+        tied = [c for c in graph.choices if choices.near_tie(c, kept.get(c.operand))]
+        if tied:
+            figure = judge.error_figure(verdict.bad[0])
+            raise Undecided(
+                f"not judged at this call: its {tied[0].op} ({tied[0].name}) was a near tie "
+                "in float64, where compiled code may choose otherwise than eager, and the "
+                f"results differ as such a choice makes them ({figure})")
     graph.note(judge={"ours": "failed" if verdict.bad else "passed",
                       "torch_criterion": "failed" if verdict.torch_failed else "passed",
                       "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps

@@ -90,8 +90,13 @@ def resolve(self: Any, wait: float = 0.0) -> None:
                        "the references, replayed beside it, had read them (copied "
                        "from the next capture on)")
             return
-        with later.judging(), numerics.quiet():
-            bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs, later.after)
+        try:
+            with later.judging(), numerics.quiet():
+                bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs,
+                                        later.after)
+        except compare.Undecided as why:
+            graph.skip(str(why))
+            return
         schedule.charge(graph.schedule, time.perf_counter() - began)
         with record.LOCK:
             graph.entry["calls_checked"] += 1

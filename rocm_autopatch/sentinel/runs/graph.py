@@ -11,7 +11,7 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch import frames, record
-from rocm_autopatch.sentinel.judging import allowance
+from rocm_autopatch.sentinel.judging import allowance, choices
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import graph_record, numerics, reference, replay
 from rocm_autopatch.sentinel.scheduling import schedule
@@ -103,11 +103,11 @@ class Graph:
         import torch
 
         keep = [n for op in self.derived.values() for n in op[1] if isinstance(n, torch.fx.Node)]
-        return reference.Fp64Run(self.gm, keep)
+        return reference.Fp64Run(self.gm, keep + [c.operand for c in self.choices])
 
     def fp64_run(self, *inputs: Any, kept: Optional[Dict[Any, Any]] = None) -> Any:
         """The same, as the float64 reference; the float64 values of the nodes a judge needs
-        (the operands of argmax and comparisons) go to ``kept`` where it is given."""
+        (the operands of argmax, comparisons and choices) go to ``kept`` where it is given."""
         run = self._fp64
         return numerics.bind_state(lambda *xs: run(list(xs), kept), self.gm,
                                    self.names)(*inputs)
@@ -120,6 +120,11 @@ class Graph:
     @functools.cached_property
     def derived(self) -> Dict[int, Any]:
         return numerics.derived_outputs(self.gm)
+
+    @functools.cached_property
+    def choices(self) -> List[Any]:
+        """The choices it makes from floats and computes on (``judging.choices``)."""
+        return choices.find(self.gm)
 
     @functools.cached_property
     def uninitialised(self) -> Dict[int, str]:

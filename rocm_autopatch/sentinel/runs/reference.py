@@ -5,6 +5,9 @@ as they are (autocast never casts float64). The judge measures compiled and eage
 it; the values of the nodes it is asked to keep (argmax's and comparisons' operands) are
 kept.
 
+An op with no float64 kernel (a grouped GEMM) runs its exact float64 stand-in
+(``stand_ins``).
+
 The graph is rewritten once into that form (a cast before each floating use), and the
 rewritten code runs as Python, as the graph's own does: an FX interpreter pays tens of
 microseconds of Python per node, which on a GPU was most of a decode step's check. Graphs
@@ -17,6 +20,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.fx
+
+from rocm_autopatch.sentinel.runs import stand_ins
 
 _FLOAT_UP = {torch.float16: torch.float64, torch.bfloat16: torch.float64,
              torch.float32: torch.float64, torch.complex32: torch.complex128,
@@ -57,6 +62,16 @@ def _upcast_uses(node: torch.fx.Node) -> bool:
             and "autocast" not in str(node.target))
 
 
+def _float64_target(op: str, target: Any) -> Any:
+    """What a node calls in the float64 run: a method named for a narrow dtype calls the
+    float64 one; an op with no float64 kernel calls its exact stand-in (``stand_ins``)."""
+    if op == "call_method":
+        return _LOW_PRECISION_METHODS.get(target, target)
+    if op == "call_function":
+        return stand_ins.for_target(target)
+    return target
+
+
 class _Fp64Interpreter(torch.fx.Interpreter):
     """Runs a graph in float64, upcasting each node's inputs for that node only; keeps the
     float64 values of the nodes in ``keep`` (what the judge needs)."""
@@ -79,8 +94,7 @@ class _Fp64Interpreter(torch.fx.Interpreter):
         target = n.target
         if _upcast_uses(n):
             args, kwargs = _map(_up, args), _map(_up, kwargs)
-        if n.op == "call_method" and target in _LOW_PRECISION_METHODS:
-            target = _LOW_PRECISION_METHODS[target]
+        target = _float64_target(n.op, target)
         if n.op == "call_module":
             from torch.func import functional_call
 
@@ -110,9 +124,7 @@ def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]
                 return graph.call_function(_up, (env[a],)) if isinstance(a, torch.fx.Node) \
                     else _up(a)
 
-            target = node.target
-            if node.op == "call_method" and target in _LOW_PRECISION_METHODS:
-                target = _LOW_PRECISION_METHODS[target]
+            target = _float64_target(node.op, node.target)
             env[node] = graph.create_node(node.op, target, map_aggregate(node.args, up),
                                           map_aggregate(node.kwargs, up), name=node.name)
         else:

@@ -1,0 +1,138 @@
+"""Choices a graph makes from floats and computes on (a Mixture-of-Experts router's top-k,
+an argmax that indexes, a sort that orders): where float64 sees a near tie there, compiled
+code may choose otherwise than eager, as legitimately, and then their results differ by
+the whole choice (another expert's output for that token, and all that attends to it).
+
+The judge cannot tell such a call from a miscompile, so a call whose results differ while
+one of its choices is a near tie is not judged (said, counted as skipped; later calls are
+checked). A near tie: the gap float64 sees at the choice's boundary (the k-th against the
+next value, or two neighbours of a sort) within ``CHOICE_ULPS`` rounding units of the
+coarsest precision the operand was computed from (a bf16 model's router probabilities are
+float32 values of bf16 logits), scaled by the operand's largest magnitude along the choice.
+Choices the graph returns (argmax as an output) are the judge's own rule (``judge._ties``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, NamedTuple, Optional
+
+import torch
+import torch.fx
+
+# Two values this close in float64 may be chosen either way by code that rounds differently:
+# eager and compiled differ by a rounding unit or two in the values a choice is made from.
+CHOICE_ULPS = 2.0
+# top-k-like ops: k, dim and largest from their arguments; (positions of k, dim, largest)
+_TOPK = {"topk": (1, 2, 3)}
+_ONE = {"argmax": True, "argmin": False, "max": True, "min": False}  # k = 1; largest
+_ORDER = ("sort", "argsort")
+_INDICES_AT = {"topk": 1, "max": 1, "min": 1, "sort": 1}  # else the node is the indices
+_ANCESTORS = 64  # how far back the coarsest precision is looked for
+
+
+class Choice(NamedTuple):
+    name: str  # the node, as a warning names it
+    op: str  # "topk", "sort", "argmax" or "argmin"
+    operand: torch.fx.Node
+    dtype: torch.dtype  # the coarsest precision the operand was computed from
+    dim: Optional[int]
+    k: int
+    largest: bool
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if node.op == "call_method":
+        return str(target)
+    return (getattr(target, "__name__", "") or str(target)).split(".")[0]
+
+
+def _dtype(node: Any) -> Optional[torch.dtype]:
+    value = node.meta.get("example_value", node.meta.get("val")) \
+        if isinstance(node, torch.fx.Node) else None
+    dtype = getattr(value, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def _coarsest(node: torch.fx.Node) -> Optional[torch.dtype]:
+    seen, todo, found = {node}, [node], _dtype(node)
+    while todo and len(seen) < _ANCESTORS:
+        for parent in todo.pop().all_input_nodes:
+            if parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+                dtype = _dtype(parent)
+                if dtype is not None and (found is None or
+                                          torch.finfo(dtype).eps > torch.finfo(found).eps):
+                    found = dtype
+    return found
+
+
+def _computed_on(node: torch.fx.Node, name: str) -> bool:
+    """Does the graph compute on the choice (its indices), beyond returning it?"""
+    at = _INDICES_AT.get(name)
+    users = list(node.users) if at is None else [
+        u for u in node.users if u.op == "call_function"
+        and getattr(u.target, "__name__", "") == "getitem"
+        and len(u.args) > 1 and u.args[1] == at]
+    return any(v.op != "output" for u in users for v in ([u] if at is None else u.users))
+
+
+def find(gm: torch.fx.GraphModule) -> List[Choice]:
+    """The choices ``gm`` makes from floats and computes on."""
+    found: List[Choice] = []
+    try:
+        for node in gm.graph.nodes:
+            if node.op not in ("call_function", "call_method") or not node.args:
+                continue
+            name = _target_name(node)
+            args, kwargs = list(node.args), dict(node.kwargs)
+            if name in _TOPK:
+                at_k, at_dim, at_largest = _TOPK[name]
+                k = kwargs.get("k", args[at_k] if len(args) > at_k else None)
+                dim = kwargs.get("dim", args[at_dim] if len(args) > at_dim else -1)
+                largest = kwargs.get("largest", args[at_largest] if len(args) > at_largest
+                                     else True)
+            elif name in _ONE:
+                k, largest = 1, _ONE[name]
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if name in ("max", "min") and not isinstance(dim, int):
+                    continue  # a reduction, or an elementwise max: no choice
+            elif name in _ORDER:
+                k, largest = 0, False
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
+            else:
+                continue
+            operand = args[0]
+            dtype = _coarsest(operand) if isinstance(operand, torch.fx.Node) else None
+            if (dtype is None or not isinstance(k, int) or not isinstance(largest, bool)
+                    or not (dim is None or isinstance(dim, int))
+                    or not _computed_on(node, "sort" if name in _ORDER else name)):
+                continue
+            op = "sort" if name in _ORDER else "topk" if name in _TOPK else \
+                ("argmax" if largest else "argmin")
+            found.append(Choice(node.name, op, operand, dtype, dim, k, largest))
+    except Exception:  # noqa: BLE001 - then every difference is judged as it is
+        return []
+    return found
+
+
+def near_tie(choice: Choice, values: Any) -> bool:
+    """Is ``choice`` a near tie where its operand's float64 value is ``values``?"""
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        return False
+    x = values.detach().double()
+    dim = choice.dim
+    if dim is None:
+        x, dim = x.flatten(), 0
+    if x.dim() == 0 or x.size(dim) < 2 or not bool(torch.isfinite(x).all()):
+        return False
+    window = CHOICE_ULPS * torch.finfo(choice.dtype).eps * x.abs().amax(dim).clamp(min=1e-30)
+    if choice.op == "sort":
+        gaps = x.sort(dim).values.diff(dim=dim)
+        return bool((gaps <= window.unsqueeze(dim)).any())
+    if choice.k < 1 or choice.k >= x.size(dim):
+        return False
+    ranked = x.topk(choice.k + 1, dim, largest=choice.largest).values
+    gap = (ranked.select(dim, choice.k - 1) - ranked.select(dim, choice.k)).abs()
+    return bool((gap <= window).any())
