@@ -184,16 +184,16 @@ class Check:
         return True
 
     def compare(self) -> Optional[Tuple[List[Any], int]]:
-        """(the values the judge rejects, how many of them are outputs); None where the
-        references could not be computed or the call is undecided (the check is skipped)."""
+        """(the values the judge rejects, how many are outputs); None: skipped, said why."""
         try:
             with numerics.quiet():
                 return compare.references(self.graph, self.flat, self.pre, self.res, sorted(
                     self.analysis.mutated), self.shape, self.need)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
-            self.graph.skip(str(exc) if isinstance(exc, compare.Undecided) else
-                            "not checked: computing the eager or float64 reference "
-                            f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
+            undecided = isinstance(exc, compare.Undecided)
+            self.graph.skip(f"not judged at call {self.graph.schedule.calls:,}: {exc}" if
+                            undecided else "not checked: computing the eager or float64 "
+                            f"reference failed ({type(exc).__name__}: {memory.first_line(exc)})")
             memory.release()
             return None
 

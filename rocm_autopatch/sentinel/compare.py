@@ -15,7 +15,7 @@ from rocm_autopatch.sentinel.runs.graph import Graph
 
 class Undecided(Exception):
     """The call's results differ where one of its choices was a near tie in float64
-    (``judging.choices``): not judged; the message says why."""
+    (``judging.choices``): not judged; the message says why, the caller names the call."""
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
@@ -54,9 +54,9 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
         if tied:
             figure = judge.error_figure(verdict.bad[0])
             raise Undecided(
-                f"not judged at this call: its {tied[0].op} ({tied[0].name}) was a near tie "
-                "in float64, where compiled code may choose otherwise than eager, and the "
-                f"results differ as such a choice makes them ({figure})")
+                f"its {tied[0].op} ({tied[0].name}) was a near tie in float64, where compiled "
+                "code may choose otherwise than eager, and the results differed as such a "
+                f"choice makes them ({figure})")
     graph.note(judge={"ours": "failed" if verdict.bad else "passed",
                       "torch_criterion": "failed" if verdict.torch_failed else "passed",
                       "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps

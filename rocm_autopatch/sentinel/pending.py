@@ -95,7 +95,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
                 bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs,
                                         later.after)
         except compare.Undecided as why:
-            graph.skip(str(why))
+            graph.skip(f"not judged at call {self.at_call:,}: {why}")
             return
         schedule.charge(graph.schedule, time.perf_counter() - began)
         with record.LOCK:
