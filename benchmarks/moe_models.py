@@ -75,7 +75,7 @@ def run(name: str, calls: int, tokens: int, device: str) -> Dict[str, Any]:
         for step in range(calls):
             compiled(input_ids=ids[step], use_cache=False)
     keys = ("graph", "status", "calls", "calls_checked", "checks_skipped", "found_at_call",
-            "reason", "skipped_reason")
+            "reason", "skipped_reason", "references")
     graphs = [{k: g.get(k) for k in keys}
               for g in (rocm_autopatch.report().verify or {}).get("graphs", [])[before:]]
     return {"model": name, "graphs": graphs}
