@@ -209,3 +209,29 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
         assert len([c for c, why in checks if c <= s and why != schedule.FIRST]) <= s // 2048
     assert sampled[0] == (len(forced) + 1) * 2048  # the forced checks' periods come first
     assert plan.spent <= 0.01 * 0.75 * 40000 * 4.4e-3
+
+
+def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed(
+        clock: Clock) -> None:
+    """On an H200 the first call of a 1.1B decode step took over 0.1 s (kernels loaded,
+    workspaces allocated) where a warm one takes 8.6 ms. Checks whose verdict is read later
+    never time their call (0.0), so a first call's time, kept as the fastest, set the pace
+    for good: a period of 8 and the sentinel at 11-24% of the wall time. Only warm calls
+    set it; the wall time per call does the rest."""
+    plan = schedule.Schedule(1, 0.01, [])
+    flat: List[Any] = [torch.ones(2)]
+    assert plan.due(flat) == schedule.FIRST
+    plan.checked(schedule.FIRST, flat, {}, True, 0.15, 0.75, [])  # cold: 150 ms
+    clock.now += 0.75
+    periods = []
+    for _ in range(1, 1020):
+        why = plan.due(flat)
+        if why is not None:  # deferred: the call untimed, 4.5 ms beyond it
+            plan.checked(why, flat, {}, True, 0.0, 4.5e-3, [])
+            clock.now += 4.5e-3
+            periods.append(plan.period)
+        clock.now += 8.6e-3
+    assert plan.call_seconds is None
+    # 4.5 ms / (0.75% of 8.6 ms) = 70 -> 128 (with the cold call kept: 4 -> 4)
+    assert periods[-1] == 128
+    assert plan.spent <= 0.01 * 1019 * 8.6e-3

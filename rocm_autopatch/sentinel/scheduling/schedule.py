@@ -309,14 +309,12 @@ class Schedule:
 
     def pace(self) -> Optional[float]:
         """The program's wall time per call of this graph since the first calls (the calls
-        and everything between them), never less than the fastest compiled call; None
-        before both are known."""
-        if self.call_seconds is None:
-            return None
+        and everything between them), never less than the fastest warm compiled call timed;
+        before two warm calls, that call's time (None before one is timed)."""
         warm = self.calls - self.first
         if self.clock is None or warm < 2:
             return self.call_seconds
-        return max((time.perf_counter() - self.clock) / warm, self.call_seconds)
+        return max((time.perf_counter() - self.clock) / warm, self.call_seconds or 0.0)
 
     def affordable(self) -> bool:
         """Would one more check past the shape cap keep the checks beyond the first calls
@@ -375,7 +373,10 @@ class Schedule:
                 self.checked_non_finite.add(i)
         if passed:
             self.last_good = self.calls
-        if call_seconds > 0:
+        if call_seconds > 0 and why != FIRST:
+            # A first call's time is cold (kernels loaded, workspaces allocated: 0.1-0.6 s
+            # for a 1.1B decode step on an H200); kept, it set the pace, and with every later
+            # check deferred (never timed), a period of 8 instead of 64.
             self.call_seconds = min(self.call_seconds or call_seconds, call_seconds)
         overhead = max(check_seconds - call_seconds, 0.0)
         if why in (SHAPE, VALUES):
