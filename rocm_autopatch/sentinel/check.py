@@ -189,11 +189,11 @@ class Check:
             with numerics.quiet():
                 return compare.references(self.graph, self.flat, self.pre, self.res, sorted(
                     self.analysis.mutated), self.shape, self.need)
+        except compare.Undecided as why:
+            return undecided(self, why)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...
-            undecided = isinstance(exc, compare.Undecided)
-            self.graph.skip(f"not judged at call {self.graph.schedule.calls:,}: {exc}" if
-                            undecided else "not checked: computing the eager or float64 "
-                            f"reference failed ({type(exc).__name__}: {memory.first_line(exc)})")
+            self.graph.skip("not checked: computing the eager or float64 reference "
+                            f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
             memory.release()
             return None
 
@@ -225,6 +225,19 @@ class Check:
         if graph.entry["status"] in (PENDING, SKIPPED):
             graph.settle(PASSED)
         return self.res
+
+
+def undecided(check: Check, why: Exception) -> None:
+    """A check whose results differed only where a near tie reaches (``compare.Undecided``):
+    skipped, saying why, but counted by the schedule as a check that ran (its cost, the
+    values it covered), and a confirmation it was is over: else each read of the values,
+    and each next call, would check again."""
+    graph = check.graph
+    graph.skip(f"not judged at call {graph.schedule.calls:,}: {why}")
+    graph.confirm = 0
+    graph.schedule.checked(check.why, check.flat, check.values, False, check.call_seconds,
+                           time.perf_counter() - check.work_start,
+                           numerics.leaves(check.res))
 
 
 def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:

@@ -94,7 +94,8 @@ def resolve(self: Any, wait: float = 0.0) -> None:
             with later.judging(), numerics.quiet():
                 bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs,
                                         later.after)
-        except compare.Undecided as why:
+        except compare.Undecided as why:  # counted at its launch; the judging charged
+            schedule.charge(graph.schedule, time.perf_counter() - began)
             graph.skip(f"not judged at call {self.at_call:,}: {why}")
             return
         schedule.charge(graph.schedule, time.perf_counter() - began)

@@ -7,9 +7,10 @@ DeepSeek-V3 through ``benchmarks/moe_models.py`` (tiny, random weights, bfloat16
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 from conftest import ROOT, Venv, clean_env
@@ -82,6 +83,91 @@ def test_a_routers_top_k_is_a_choice_and_a_near_tie_is_told_by_float64() -> None
     close = torch.tensor([[0.4, 0.3, 0.2999, 0.0001]], dtype=torch.float64)
     assert choices.near_tie(found, close)  # the 2nd and 3rd within 2 bf16 rounding units
     assert not choices.near_tie(found._replace(dtype=torch.float32), close)
+
+
+@pytest.mark.fast
+def test_choice_edge_cases_argsort_masked_rows_and_what_a_choice_reaches() -> None:
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.judging import choices
+
+    found = choices.find(_router_graph())[0]
+    assert found.outputs == frozenset({0})  # the argmax (output 1) comes before the top-k
+    masked = torch.tensor([[0.4, 0.3, 0.2999, 0.0001], [0.5, -math.inf, 0.2, 0.1]],
+                          dtype=torch.float64)
+    assert choices.near_tie(found, masked)  # row 1's -inf leaves row 0's tie a tie
+    seen: List[Any] = []
+    torch._dynamo.reset()
+    torch.compile(lambda x, t: t[x.argsort(-1)] + 1, backend=lambda gm, _: seen.append(gm)
+                  or gm)(torch.randn(3, 4), torch.randn(4))
+    (order,) = choices.find(seen[0])
+    assert order.op == "sort"
+
+
+def _judged(bug: Any) -> Any:
+    """compare.judged on a router graph whose top-2 is an exact tie in float64 (two equal
+    gate columns): eager's and float64's outputs from the real runs, compiled's from
+    ``bug``(eager's)."""
+    import torch
+
+    from rocm_autopatch.sentinel import compare
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    graph = Graph(_router_graph(), None, "t/0", "test", "check", 1, 0.01)
+    gen = torch.Generator().manual_seed(0)
+    gate = torch.randn(8, 4, generator=gen).to(torch.bfloat16)
+    gate[:, 2] = gate[:, 1]  # experts 1 and 2 tie for every token
+    flat = [torch.randn(5, 8, generator=gen).to(torch.bfloat16), gate,
+            torch.randn(4, 3, generator=gen)]
+    kept: Dict[Any, Any] = {}
+    ref = list(graph.eager_run(*flat))
+    ref64 = graph.fp64_run(*[x.double() for x in flat], kept=kept)
+    runs = (flat, [x.double() for x in flat], ref, ref64, kept)
+    return compare.judged(graph, runs, None, bug([r.clone() for r in ref]), {})
+
+
+@pytest.mark.fast
+def test_a_near_tie_excuses_only_what_its_choice_reaches_and_never_nan() -> None:
+    pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import compare
+
+    def flipped(out: List[Any]) -> List[Any]:  # a token sent to the other tied expert
+        out[0][0] += 1.0
+        return out
+
+    with pytest.raises(compare.Undecided, match="topk .* was a near tie in float64"):
+        _judged(flipped)
+
+    def elsewhere(out: List[Any]) -> List[Any]:  # and the argmax, which the tie cannot reach
+        out[1][0] = (out[1][0] + 1) % 4
+        return flipped(out)
+
+    bad, _ = _judged(elsewhere)
+    assert [m.index for m in bad] == [1]
+
+    def nan(out: List[Any]) -> List[Any]:
+        out[0][0, 0] = float("nan")
+        return out
+
+    bad, _ = _judged(nan)
+    assert [m.index for m in bad] == [0] and bad[0].nonfinite == 1
+
+
+@pytest.mark.fast
+def test_the_grouped_gemms_references_are_never_captured_and_its_tail_is_refused() -> None:
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no grouped GEMM")
+    from rocm_autopatch.sentinel.runs import replay, stand_ins
+
+    seen: List[Any] = []
+    torch._dynamo.reset()
+    a, b = torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(2, 16, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([3, 8], dtype=torch.int32)
+    torch.compile(lambda a, b, o: torch._grouped_mm(a, b, offs=o) * 2,
+                  backend=lambda gm, _: seen.append(gm) or gm)(a, b, offs)
+    assert replay.unreplayable_ops(seen[0]) == ["_grouped_mm"]  # it reads the offsets
+    with pytest.raises(NotImplementedError, match="uninitialised"):
+        stand_ins.grouped_mm(a.double(), b.double(), offs=torch.tensor([3, 6]))
 
 
 @pytest.mark.heavy(85)

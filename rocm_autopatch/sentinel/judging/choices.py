@@ -14,7 +14,8 @@ Choices the graph returns (argmax as an output) are the judge's own rule (``judg
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional
+import math
+from typing import Any, FrozenSet, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.fx
@@ -38,6 +39,8 @@ class Choice(NamedTuple):
     dim: Optional[int]
     k: int
     largest: bool
+    outputs: FrozenSet[int] = frozenset()  # the graph's outputs computed from it
+    inputs: FrozenSet[int] = frozenset()  # its inputs (placeholders) written after it
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -78,6 +81,27 @@ def _computed_on(node: torch.fx.Node, name: str) -> bool:
     return any(v.op != "output" for u in users for v in ([u] if at is None else u.users))
 
 
+def _reach(gm: torch.fx.GraphModule, node: torch.fx.Node
+           ) -> Tuple[FrozenSet[int], FrozenSet[int]]:
+    """The outputs (by index) and the inputs (placeholders, by index) that nodes computed
+    from ``node`` return or take: where a choice can move a value. An input a later node
+    only reads counts too (a cache read after the choice): erring toward excusing."""
+    from torch.utils._pytree import tree_flatten
+
+    seen, todo = {node}, [node]
+    while todo:
+        for user in todo.pop().users:
+            if user not in seen:
+                seen.add(user)
+                todo.append(user)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    inputs = frozenset(i for i, p in enumerate(placeholders)
+                       if any(u in seen for u in p.users))
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    leaves = tree_flatten(out.args[0])[0]  # as the judge counts the outputs
+    return frozenset(i for i, leaf in enumerate(leaves) if leaf in seen), inputs
+
+
 def find(gm: torch.fx.GraphModule) -> List[Choice]:
     """The choices ``gm`` makes from floats and computes on."""
     found: List[Choice] = []
@@ -107,11 +131,12 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
             dtype = _coarsest(operand) if isinstance(operand, torch.fx.Node) else None
             if (dtype is None or not isinstance(k, int) or not isinstance(largest, bool)
                     or not (dim is None or isinstance(dim, int))
-                    or not _computed_on(node, "sort" if name in _ORDER else name)):
+                    or not _computed_on(node, name)):
                 continue
             op = "sort" if name in _ORDER else "topk" if name in _TOPK else \
                 ("argmax" if largest else "argmin")
-            found.append(Choice(node.name, op, operand, dtype, dim, k, largest))
+            found.append(Choice(node.name, op, operand, dtype, dim, k, largest,
+                                *_reach(gm, node)))
     except Exception:  # noqa: BLE001 - then every difference is judged as it is
         return []
     return found
@@ -125,9 +150,15 @@ def near_tie(choice: Choice, values: Any) -> bool:
     dim = choice.dim
     if dim is None:
         x, dim = x.flatten(), 0
-    if x.dim() == 0 or x.size(dim) < 2 or not bool(torch.isfinite(x).all()):
+    if x.dim() == 0 or x.size(dim) < 2:
         return False
-    window = CHOICE_ULPS * torch.finfo(choice.dtype).eps * x.abs().amax(dim).clamp(min=1e-30)
+    # Row by row; what is not finite (a router's -inf mask) neither sets the scale nor ties
+    # (inf - inf is NaN, which compares false); NaN ranks last.
+    finite = torch.isfinite(x)
+    scale = x.masked_fill(~finite, 0).abs().amax(dim).clamp(min=1e-30)
+    window = CHOICE_ULPS * torch.finfo(choice.dtype).eps * scale
+    x = x.nan_to_num(nan=-math.inf if choice.largest or choice.op == "sort" else math.inf,
+                     posinf=math.inf, neginf=-math.inf)
     if choice.op == "sort":
         gaps = x.sort(dim).values.diff(dim=dim)
         return bool((gaps <= window.unsqueeze(dim)).any())

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.runs import numerics
+from rocm_autopatch.sentinel.runs import numerics, stand_ins
 from rocm_autopatch.sentinel.scheduling import schedule
 
 # All captures of a process together hold at most this share of the device's memory.
@@ -84,6 +84,8 @@ def unreplayable_ops(gm: Any) -> List[str]:
             found.append(numerics.node_name(node))
         elif node.op == "call_method" and target in ("item", "tolist", "nonzero", "numpy"):
             found.append(numerics.node_name(node))
+        elif node.op == "call_function" and stand_ins.synchronises(target):
+            found.append(numerics.node_name(node))  # its float64 stand-in reads the host
     return sorted(set(found))
 
 

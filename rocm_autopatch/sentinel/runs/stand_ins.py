@@ -9,7 +9,10 @@ Mixtral-, Qwen-MoE- or DeepSeek-shaped model was skipped. Its stand-in is its de
 GEMM per group, ``torch/nn/functional.py``, ``grouped_mm``) computed in float64 by ``mm``:
 exact, so the judge's allowance is unchanged and the rest of the graph keeps its float64
 truth. It reads the group offsets on the host, one synchronisation a call, as transformers'
-own fallback does (so a graph holding one has its references run op by op, not captured).
+own fallback does: a capture cannot hold that, so a graph that calls one has its references
+run op by op, never captured as a device graph (``replay.unreplayable_ops``). Rows (or
+columns) past the last offset, which torch's kernel leaves uninitialised, are not computed:
+such a call's reference fails and its check says so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Te
     ends: List[int] = [int(e) for e in offs.tolist()]
     spans = list(zip([0] + ends[:-1], ends))
     if mat_a.dim() == 2 and mat_b.dim() == 3:  # the rows of mat_a in groups (MoE forward)
+        if ends and ends[-1] != mat_a.size(0):
+            raise NotImplementedError("rows past the grouped GEMM's last offset are "
+                                      "uninitialised in torch's kernel")
         out = mat_a.new_zeros(mat_a.size(0), mat_b.size(-1))
         for group, (start, end) in enumerate(spans):
             if end > start:
@@ -42,7 +48,10 @@ def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: Optional[torch.Te
             if end > start:
                 out[group] = torch.mm(mat_a[:, start:end], mat_b[start:end])
         return out
-    out = mat_a.new_zeros(mat_a.size(1), mat_b.size(1))  # the columns of mat_b in groups
+    if ends and ends[-1] != mat_b.size(1):  # the columns of mat_b in groups
+        raise NotImplementedError("columns past the grouped GEMM's last offset are "
+                                  "uninitialised in torch's kernel")
+    out = mat_a.new_zeros(mat_a.size(1), mat_b.size(1))
     for group, (start, end) in enumerate(spans):
         if end > start:
             out[:, start:end] = torch.mm(mat_a[group], mat_b[:, start:end])
@@ -68,6 +77,11 @@ def _table() -> Dict[Any, Callable[..., Any]]:
 
 
 STAND_INS = _table()
+
+
+def synchronises(target: Any) -> bool:
+    """Does ``target``'s stand-in read a device tensor on the host (all of them do)?"""
+    return for_target(target) is not target
 
 
 def for_target(target: Any) -> Any:
