@@ -207,7 +207,7 @@ class Check:
             graph.note(backward=backward.check(graph, self.flat, self.pre, self.res,
                                                self.boxed))
         passed = not bad and not graph.entry["backward"].startswith(FAILED)
-        graph.confirm = 0  # a deferred verdict that differed is confirmed, or not, here
+        graph.confirm = graph.untied = 0  # a deferred verdict's confirmation is here
         graph.schedule.checked(self.why, self.flat, self.values, passed, self.call_seconds,
                                time.perf_counter() - self.work_start,
                                numerics.leaves(self.res))
@@ -229,12 +229,13 @@ class Check:
 
 def undecided(check: Check, why: Exception) -> None:
     """A check whose results differed only where a near tie reaches (``compare.Undecided``):
-    skipped, saying why, but counted by the schedule as a check that ran (its cost, the
-    values it covered), and a confirmation it was is over: else each read of the values,
-    and each next call, would check again."""
+    skipped, saying why, and counted by the schedule as a check that ran (its cost, the
+    values it covered: else each read of the values would check again). The graph's next
+    call is checked (``Graph.untie``): a tie is the call's own (another token's router need
+    not tie), and a bug it hid is found there."""
     graph = check.graph
     graph.skip(f"not judged at call {graph.schedule.calls:,}: {why}")
-    graph.confirm = 0
+    graph.untie()
     graph.schedule.checked(check.why, check.flat, check.values, False, check.call_seconds,
                            time.perf_counter() - check.work_start,
                            numerics.leaves(check.res))

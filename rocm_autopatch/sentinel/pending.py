@@ -97,6 +97,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
         except compare.Undecided as why:  # counted at its launch; the judging charged
             schedule.charge(graph.schedule, time.perf_counter() - began)
             graph.skip(f"not judged at call {self.at_call:,}: {why}")
+            graph.untie()
             return
         schedule.charge(graph.schedule, time.perf_counter() - began)
         with record.LOCK:

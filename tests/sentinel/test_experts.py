@@ -153,6 +153,20 @@ def test_a_near_tie_excuses_only_what_its_choice_reaches_and_never_nan() -> None
 
 
 @pytest.mark.fast
+def test_a_check_not_judged_for_a_tie_has_the_next_call_checked_three_times_in_a_row() -> None:
+    pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.runs import graph as graphs
+
+    graph = graphs.Graph(_router_graph(), None, "t/0", "test", "check", 1, 0.01)
+    confirms = []
+    for call in range(1, 6):
+        graph.schedule.calls = call
+        graph.untie()
+        confirms.append(graph.confirm)
+    assert confirms == [1, 2, 3, 0, 0] and graphs.UNTIED == 3
+
+
+@pytest.mark.fast
 def test_the_grouped_gemms_references_are_never_captured_and_its_tail_is_refused() -> None:
     torch = pytest.importorskip("torch")
     if not hasattr(torch, "_grouped_mm"):

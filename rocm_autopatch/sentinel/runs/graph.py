@@ -19,6 +19,9 @@ from rocm_autopatch.sentinel.scheduling import schedule
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
 # are not the program's), a compile in progress.
 busy = threading.local()
+# Checks in a row not judged for a near tie after which the next call is no longer checked
+# at once (a long MoE prefill ties at every call: the schedule's own checks go on).
+UNTIED = 3
 
 
 class Graph:
@@ -38,6 +41,7 @@ class Graph:
         self.inference_mode = True  # its reference runs run in inference mode (check.py)
         self.pending: Any = None  # a check whose verdict is read later (sentinel.pending)
         self.confirm = 0  # the call whose deferred verdict differed: the next is checked at once
+        self.untied = 0  # checks in a row not judged for a near tie (``check.undecided``)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
         self.entry = graph_record.new(graph_id, where, **schedule.coverage(self.schedule))
@@ -81,6 +85,12 @@ class Graph:
         self.note(skipped_reason=reason, checks_skipped=self.schedule.skipped)
         if self.entry["status"] == PENDING:
             self.settle(SKIPPED, reason)
+
+    def untie(self) -> None:
+        """After a check not judged for a near tie (``compare.Undecided``): the next call is
+        checked at the call (``confirm``), up to ``UNTIED`` checks in a row not judged."""
+        self.untied += 1
+        self.confirm = self.schedule.calls if self.untied <= UNTIED else 0
 
     def label(self) -> str:
         """How a warning names it: Dynamo's id (and its piece), and where it was compiled
