@@ -6,29 +6,101 @@ check judged at the call (``check``) and by one whose verdict is read later (``p
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.sentinel.judging import choices, judge
 from rocm_autopatch.sentinel.runs import memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph
 
+# Tied rows (a choice's row whose boundary is a near tie) up to which every way of taking
+# them is tried (2: the references run four times more, in the rare call that needs it).
+BRANCH_ROWS = 2
+
 
 class Undecided(Exception):
     """The call's results differ where one of its choices was a near tie in float64
-    (``judging.choices``): not judged; the message says why, the caller names the call."""
+    (``judging.choices``): not judged; the message says why, the caller names the call.
+    ``bad``: what the judge rejected."""
+
+    def __init__(self, message: str, bad: List[Any]) -> None:
+        super().__init__(message)
+        self.bad = bad
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
                shape: Any = None, need: int = 0) -> Tuple[List[Any], int]:
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
-    shared, never copied."""
+    shared, never copied. Where a near tie leaves the verdict undecided, the other ways
+    of taking the tie are tried (``branches``)."""
     runs = reference_runs(graph, flat, pre, shape, need)
-    return judged(graph, runs, pre, numerics.leaves(res), {i: flat[i] for i in mutated})
+    res, after = numerics.leaves(res), {i: flat[i] for i in mutated}
+    try:
+        return judged(graph, runs, pre, res, after)
+    except Undecided as why:
+        found = branches(graph, flat, pre, res, after, runs[4], why.bad)
+        if found is None:
+            raise
+        return found
+
+
+def branches(graph: Graph, flat: List[Any], pre: Any, res: List[Any], after: Dict[int, Any],
+             kept: Dict[Any, Any], bad: List[Any]) -> Optional[Tuple[List[Any], int]]:
+    """Compiled's results against the references run again with each tied top-k or argmax
+    taken each way (float64's choice elsewhere, in both references): one way that passes
+    explains the difference (compiled took the tie the other way, as legitimately):
+    nothing rejected. None passes: the difference is not the tie's, ``bad`` stands. None
+    where it cannot be told (more than ``BRANCH_ROWS`` tied rows, a tied sort, a graph
+    that holds its own parameters)."""
+    import itertools
+
+    if graph.names:
+        return None
+    tied = []
+    for c in graph.choices:
+        rows = choices.tied_rows(c, kept.get(c.operand))
+        if rows is not None and bool(rows.any()):
+            if c.op == "sort":
+                return None
+            tied += [(c, tuple(r)) for r in rows.nonzero().tolist()]
+    if not tied or len(tied) > BRANCH_ROWS:
+        return None
+    nodes = {n.name: n for n in graph.gm.graph.nodes}
+    for flipped in itertools.chain.from_iterable(itertools.combinations(tied, n)
+                                                 for n in range(len(tied) + 1)):
+        forced = {}
+        for c in (c for c in graph.choices if c.op != "sort"):
+            taken = choices.branch(c, kept[c.operand], [r for d, r in flipped if d is c])
+            forced[nodes[c.name]] = (lambda run, c=c, taken=taken: choices.taken(
+                c, run.env[c.operand], taken))
+        found, outputs = judged(graph, _forced_runs(graph, flat, pre, forced), pre, res,
+                                after, ties=False)
+        if not found:
+            return [], outputs
+    return bad, outputs
+
+
+def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
+                 ) -> Tuple[Any, ...]:
+    """``reference_runs``' result, op by op, with the nodes in ``forced`` returning what it
+    says (both references taking the same choices)."""
+    import torch
+
+    class Forced(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            return forced[n](self) if n in forced else super().run_node(n)
+
+    made, made64 = pre.make(), pre.make(fp64=True)
+    eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
+    inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+    with torch.inference_mode() if graph.inference_mode else torch.no_grad():
+        ref = Forced(graph.gm).run(*eager_inputs)
+        ref64 = graph.fp64_run(*inputs64, forced=forced)
+    return eager_inputs, inputs64, ref, ref64, {}
 
 
 def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
-           after: Dict[int, Any]) -> Tuple[List[Any], int]:
+           after: Dict[int, Any], ties: bool = True) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
     (``after``, by index): (the values it rejects, how many of them are outputs). A value
@@ -51,7 +123,7 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                             allowed=judge.Allowance(*graph.allowed))
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
-    if bad and graph.choices:
+    if bad and graph.choices and ties:
         try:
             bad = _past_ties(graph, bad, kept, outputs, sorted(after))
         except Undecided as why:
@@ -89,7 +161,7 @@ def _past_ties(graph: Graph, bad: List[Any], kept: Dict[Any, Any], outputs: int,
         raise Undecided(
             f"its {tied[0].op} ({tied[0].name}) was a near tie in float64, where compiled "
             "code may choose otherwise than eager, and the results differed where that "
-            f"choice reaches ({judge.error_figure(bad[0])})")
+            f"choice reaches ({judge.error_figure(bad[0])})", bad)
     return left
 
 

@@ -48,7 +48,7 @@ def test_the_grouped_gemm_stand_in_is_the_gemm_per_group(a_shape: Any, b_shape: 
     assert stand_ins.for_target(torch.ops.aten._grouped_mm.default) is stand_ins.grouped_mm
 
 
-def _router_graph() -> Any:
+def _router_graph(tokens: int = 5) -> Any:
     """A router as transformers writes one, traced by Dynamo: top-2 of softmaxed bf16
     logits, its indices computing the output; an argmax that is only returned."""
     import torch
@@ -65,7 +65,8 @@ def _router_graph() -> Any:
         return (experts[chosen] * weights[..., None]).sum(1), probs.argmax(-1)
 
     torch._dynamo.reset()
-    x, gate = torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16)
+    x = torch.randn(tokens, 8, dtype=torch.bfloat16)
+    gate = torch.randn(8, 4, dtype=torch.bfloat16)
     torch.compile(route, backend=backend)(x, gate, torch.randn(4, 3))
     return seen[0]
 
@@ -150,6 +151,55 @@ def test_a_near_tie_excuses_only_what_its_choice_reaches_and_never_nan() -> None
 
     bad, _ = _judged(nan)
     assert [m.index for m in bad] == [0] and bad[0].nonfinite == 1
+
+
+def _tied_call(tied_rows: int, compiled: Any) -> Any:
+    """``compare.references`` on a router over 4 tokens whose first ``tied_rows`` have
+    experts 1 and 2 exactly tied at the top-2's boundary (one-hot tokens, bf16 logits
+    2, 1, 1, -1); the others choose 1 and 3 plainly. ``compiled``(eager's outputs, the
+    probabilities, the experts) makes the compiled outputs."""
+    import torch
+
+    from rocm_autopatch.sentinel import compare
+    from rocm_autopatch.sentinel.runs import snapshot
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    graph = Graph(_router_graph(tokens=4), None, "t/0", "test", "check", 1, 0.01)
+    gate = torch.tensor([[2.0, 1.0, 1.0, -1.0], [0.0, 3.0, -2.0, 1.0]] + [[0.0] * 4] * 6,
+                        dtype=torch.bfloat16)
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    x[:tied_rows, 0] = 1
+    x[tied_rows:, 1] = 1
+    experts = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
+    flat = [x, gate, experts]
+    eager = list(graph.eager_run(*flat))
+    probs = torch.softmax(x @ gate, dim=-1, dtype=torch.float)
+    res = compiled([e.clone() for e in eager], probs, experts)
+    return compare.references(graph, flat, snapshot.Snapshot(flat, set()), tuple(res), [])
+
+
+def _other_way(out: List[Any], probs: Any, experts: Any) -> List[Any]:
+    """Token 0 sent to experts 0 and 2 instead of 0 and 1 (the tie taken the other way)."""
+    out[0][0] = experts[0] * probs[0, 0] + experts[2] * probs[0, 2]
+    return out
+
+
+@pytest.mark.fast
+def test_a_tie_taken_the_other_way_passes_and_a_bug_at_a_tie_is_still_caught() -> None:
+    pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import compare
+
+    assert _tied_call(1, lambda out, probs, experts: out) == ([], 2)  # the same way
+    assert _tied_call(1, _other_way) == ([], 2)  # explained by the other branch: passes
+
+    def wrong(out: List[Any], probs: Any, experts: Any) -> List[Any]:
+        out[0][0] *= 1.5  # a bug in the token whose choice tied: neither branch explains
+        return out
+
+    bad, _ = _tied_call(1, wrong)
+    assert [m.index for m in bad] == [0]
+    with pytest.raises(compare.Undecided):  # three tied rows: 8 ways, not tried
+        _tied_call(3, wrong)
 
 
 @pytest.mark.fast

@@ -41,6 +41,8 @@ class Choice(NamedTuple):
     largest: bool
     outputs: FrozenSet[int] = frozenset()  # the graph's outputs computed from it
     inputs: FrozenSet[int] = frozenset()  # its inputs (placeholders) written after it
+    called: str = ""  # what the node calls (topk, max, argmax...): the form it returns
+    keepdim: bool = False
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -120,6 +122,7 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
             elif name in _ONE:
                 k, largest = 1, _ONE[name]
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                keepdim = kwargs.get("keepdim", args[2] if len(args) > 2 else False)
                 if name in ("max", "min") and not isinstance(dim, int):
                     continue  # a reduction, or an elementwise max: no choice
             elif name in _ORDER:
@@ -127,6 +130,7 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
             else:
                 continue
+            keepdim = False if name not in _ONE else keepdim
             operand = args[0]
             dtype = _coarsest(operand) if isinstance(operand, torch.fx.Node) else None
             if (dtype is None or not isinstance(k, int) or not isinstance(largest, bool)
@@ -136,7 +140,7 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
             op = "sort" if name in _ORDER else "topk" if name in _TOPK else \
                 ("argmax" if largest else "argmin")
             found.append(Choice(node.name, op, operand, dtype, dim, k, largest,
-                                *_reach(gm, node)))
+                                *_reach(gm, node), name, keepdim is True))
     except Exception:  # noqa: BLE001 - then every difference is judged as it is
         return []
     return found
@@ -144,26 +148,65 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
 
 def near_tie(choice: Choice, values: Any) -> bool:
     """Is ``choice`` a near tie where its operand's float64 value is ``values``?"""
+    rows = tied_rows(choice, values)
+    return rows is not None and bool(rows.any())
+
+
+def _rows_last(choice: Choice, x: torch.Tensor) -> torch.Tensor:
+    """The operand with the choice's dimension last (flattened where it has none)."""
+    return x.flatten() if choice.dim is None else x.movedim(choice.dim, -1)
+
+
+def tied_rows(choice: Choice, values: Any) -> Optional[torch.Tensor]:
+    """Where ``choice`` is a near tie, row by row (the operand's other dimensions, in order;
+    one row where it has no dimension); None where it cannot be told."""
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-        return False
-    x = values.detach().double()
-    dim = choice.dim
-    if dim is None:
-        x, dim = x.flatten(), 0
-    if x.dim() == 0 or x.size(dim) < 2:
-        return False
-    # Row by row; what is not finite (a router's -inf mask) neither sets the scale nor ties
-    # (inf - inf is NaN, which compares false); NaN ranks last.
+        return None
+    x = _rows_last(choice, values.detach().double())
+    if x.dim() == 0 or x.size(-1) < 2:
+        return None
+    # What is not finite (a router's -inf mask) neither sets the scale nor ties (inf - inf
+    # is NaN, which compares false); NaN ranks last.
     finite = torch.isfinite(x)
-    scale = x.masked_fill(~finite, 0).abs().amax(dim).clamp(min=1e-30)
+    scale = x.masked_fill(~finite, 0).abs().amax(-1).clamp(min=1e-30)
     window = CHOICE_ULPS * torch.finfo(choice.dtype).eps * scale
     x = x.nan_to_num(nan=-math.inf if choice.largest or choice.op == "sort" else math.inf,
                      posinf=math.inf, neginf=-math.inf)
     if choice.op == "sort":
-        gaps = x.sort(dim).values.diff(dim=dim)
-        return bool((gaps <= window.unsqueeze(dim)).any())
-    if choice.k < 1 or choice.k >= x.size(dim):
-        return False
-    ranked = x.topk(choice.k + 1, dim, largest=choice.largest).values
-    gap = (ranked.select(dim, choice.k - 1) - ranked.select(dim, choice.k)).abs()
-    return bool((gap <= window).any())
+        return (x.sort(-1).values.diff(dim=-1) <= window.unsqueeze(-1)).any(-1)
+    if choice.k < 1 or choice.k >= x.size(-1):
+        return None
+    ranked = x.topk(choice.k + 1, -1, largest=choice.largest).values
+    return (ranked[..., choice.k - 1] - ranked[..., choice.k]).abs() <= window
+
+
+def branch(choice: Choice, values: torch.Tensor, flipped: List[Tuple[int, ...]]
+           ) -> torch.Tensor:
+    """The indices a top-k or argmax ``choice`` takes on every row: float64's (``values``,
+    its operand in float64), with the last one chosen and the next exchanged in the rows
+    ``flipped`` (a near tie taken the other way). Choice dimension last."""
+    x = _rows_last(choice, values.detach().double()).nan_to_num(
+        nan=-math.inf if choice.largest else math.inf)
+    ranked = x.topk(choice.k + 1, -1, largest=choice.largest).indices
+    taken = ranked[..., :choice.k].clone()
+    for row in flipped:
+        taken[row + (choice.k - 1,)] = ranked[row + (choice.k,)]
+    return taken
+
+
+def taken(choice: Choice, operand: torch.Tensor, indices: torch.Tensor) -> Any:
+    """The value of a top-k, max/min over a dimension or argmax/argmin node that took
+    ``indices`` (``branch``) over ``operand`` (this run's own: eager's or float64's), in the
+    form the node returns."""
+    indices = indices.to(operand.device)
+    x = _rows_last(choice, operand)
+    values = x.gather(-1, indices)
+    if choice.called == "topk":
+        return torch.return_types.topk((values.movedim(-1, choice.dim),
+                                        indices.movedim(-1, choice.dim)))
+    index, value = indices[..., 0], values[..., 0]
+    if choice.keepdim and choice.dim is not None:
+        index, value = index.unsqueeze(choice.dim), value.unsqueeze(choice.dim)
+    if choice.called in ("max", "min"):
+        return getattr(torch.return_types, choice.called)((value, index))
+    return index

@@ -115,11 +115,13 @@ class Graph:
         keep = [n for op in self.derived.values() for n in op[1] if isinstance(n, torch.fx.Node)]
         return reference.Fp64Run(self.gm, keep + [c.operand for c in self.choices])
 
-    def fp64_run(self, *inputs: Any, kept: Optional[Dict[Any, Any]] = None) -> Any:
+    def fp64_run(self, *inputs: Any, kept: Optional[Dict[Any, Any]] = None,
+                 forced: Optional[Dict[Any, Any]] = None) -> Any:
         """The same, as the float64 reference; the float64 values of the nodes a judge needs
-        (the operands of argmax, comparisons and choices) go to ``kept`` where it is given."""
+        (the operands of argmax, comparisons and choices) go to ``kept`` where it is given;
+        the nodes in ``forced`` return what it says (``compare.branches``)."""
         run = self._fp64
-        return numerics.bind_state(lambda *xs: run(list(xs), kept), self.gm,
+        return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
                                    self.names)(*inputs)
 
     @functools.cached_property
