@@ -1,7 +1,9 @@
 """One call's references and the judge's verdict on it: eager and float64 run on copies of
 the state the call writes (replayed as a device graph where captured, ``runs.replay``, else
-op by op), the regions of the written inputs that changed, and the judged values. Used by a
-check judged at the call (``check``) and by one whose verdict is read later (``pending``).
+op by op), the regions of the written inputs that changed, and the judged values; where a
+choice the graph computes on was a near tie (``judging.choices``), what it reaches excused
+or the references run again with the tie taken each way (``branches``). Used by a check
+judged at the call (``check``) and by one whose verdict is read later (``pending``).
 """
 
 from __future__ import annotations

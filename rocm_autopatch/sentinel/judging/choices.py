@@ -3,13 +3,15 @@ an argmax that indexes, a sort that orders): where float64 sees a near tie there
 code may choose otherwise than eager, as legitimately, and then their results differ by
 the whole choice (another expert's output for that token, and all that attends to it).
 
-The judge cannot tell such a call from a miscompile, so a call whose results differ while
-one of its choices is a near tie is not judged (said, counted as skipped; later calls are
-checked). A near tie: the gap float64 sees at the choice's boundary (the k-th against the
-next value, or two neighbours of a sort) within ``CHOICE_ULPS`` rounding units of the
-coarsest precision the operand was computed from (a bf16 model's router probabilities are
-float32 values of bf16 logits), scaled by the operand's largest magnitude along the choice.
-Choices the graph returns (argmax as an output) are the judge's own rule (``judge._ties``).
+This module finds them (``find``: the node, its operand, what it reaches), tells a near
+tie (``tied_rows``: the gap float64 sees at the choice's boundary, the k-th against the
+next value or two neighbours of a sort, within ``CHOICE_ULPS`` rounding units of the
+coarsest precision the operand was computed from, scaled by the operand's largest
+magnitude along the choice; a bf16 model's router probabilities are float32 values of
+bf16 logits) and makes a choice taken one way (``branch``, ``taken``). What the judge
+does with them is ``sentinel/compare.py``'s: the references run again with a tie taken
+each way, or the call left unjudged. Choices the graph returns (argmax as an output) are
+the judge's own rule (``judge._ties``).
 """
 
 from __future__ import annotations
