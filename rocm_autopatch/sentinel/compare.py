@@ -30,56 +30,76 @@ class Undecided(Exception):
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
-               shape: Any = None, need: int = 0) -> Tuple[List[Any], int]:
+               shape: Any = None, need: int = 0, tries: bool = True
+               ) -> Tuple[List[Any], int]:
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
     shared, never copied. Where a near tie leaves the verdict undecided, the other ways
-    of taking the tie are tried (``branches``)."""
+    of taking the tie are tried (``branches``), unless ``tries`` is off (a call whose
+    backward is checked: its gradients would follow the other way too)."""
     runs = reference_runs(graph, flat, pre, shape, need)
     res, after = numerics.leaves(res), {i: flat[i] for i in mutated}
     try:
         return judged(graph, runs, pre, res, after)
     except Undecided as why:
-        found = branches(graph, flat, pre, res, after, runs[4], why.bad)
-        if found is None:
+        if not tries:
             raise
+        why.__traceback__ = None  # its frames hold the first runs' values
+        kept = {c.operand: runs[4].get(c.operand) for c in graph.choices}
+        del runs  # the runs again take the memory these took, not twice it
+        try:
+            found = branches(graph, flat, pre, res, after, kept, why.bad)
+        except Exception:  # noqa: BLE001 - a way that cannot be run: undecided, as before
+            found = None
+        if found is None:
+            raise why from None
         return found
 
 
 def branches(graph: Graph, flat: List[Any], pre: Any, res: List[Any], after: Dict[int, Any],
              kept: Dict[Any, Any], bad: List[Any]) -> Optional[Tuple[List[Any], int]]:
-    """Compiled's results against the references run again with each tied top-k or argmax
-    taken each way (float64's choice elsewhere, in both references): one way that passes
-    explains the difference (compiled took the tie the other way, as legitimately):
-    nothing rejected. None passes: the difference is not the tie's, ``bad`` stands. None
-    where it cannot be told (more than ``BRANCH_ROWS`` tied rows, a tied sort, a graph
-    that holds its own parameters)."""
+    """Compiled's results against the references run again with every top-k, argmax or
+    max/min that can be told taking float64's choice, each tied row each way (in both
+    references): one way that passes explains the difference (compiled took the tie the
+    other way, as legitimately): nothing rejected. None passes: ``bad`` stands, unless a
+    window twice as wide finds more tied rows (eager and compiled may drift further apart
+    than the window: undecided). None where it cannot be told: more than ``BRANCH_ROWS``
+    tied (choice, row) pairs in all, three candidates within the window of one boundary,
+    a tied sort, a NaN in a choice's operand, a graph that holds its own parameters."""
     import itertools
+
+    import torch
 
     if graph.names:
         return None
+    told = [c for c in graph.choices if c.op != "sort"
+            and choices.tied_rows(c, kept.get(c.operand)) is not None]
     tied = []
     for c in graph.choices:
         rows = choices.tied_rows(c, kept.get(c.operand))
         if rows is not None and bool(rows.any()):
-            if c.op == "sort":
+            if c.op == "sort" or bool(choices.tied_rows(c, kept[c.operand], crowded=True).any()):
                 return None
             tied += [(c, tuple(r)) for r in rows.nonzero().tolist()]
-    if not tied or len(tied) > BRANCH_ROWS:
+    if not tied or len(tied) > BRANCH_ROWS or any(
+            bool(torch.isnan(kept[c.operand]).any()) for c in told):
         return None
     nodes = {n.name: n for n in graph.gm.graph.nodes}
     for flipped in itertools.chain.from_iterable(itertools.combinations(tied, n)
                                                  for n in range(len(tied) + 1)):
         forced = {}
-        for c in (c for c in graph.choices if c.op != "sort"):
+        for c in told:
             taken = choices.branch(c, kept[c.operand], [r for d, r in flipped if d is c])
             forced[nodes[c.name]] = (lambda run, c=c, taken=taken: choices.taken(
                 c, run.env[c.operand], taken))
         found, outputs = judged(graph, _forced_runs(graph, flat, pre, forced), pre, res,
-                                after, ties=False)
+                                after, ties=False, note=False)
         if not found:
             return [], outputs
-    return bad, outputs
+    wider = sum(int(rows.sum()) for rows in (choices.tied_rows(
+        c, kept.get(c.operand), ulps=2 * choices.CHOICE_ULPS) for c in graph.choices)
+        if rows is not None)
+    return None if wider > len(tied) else (bad, outputs)
 
 
 def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
@@ -95,14 +115,16 @@ def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
     made, made64 = pre.make(), pre.make(fp64=True)
     eager_inputs = [made.get(i, x) for i, x in enumerate(flat)]
     inputs64 = [made64.get(i, x) for i, x in enumerate(flat)]
+    kept: Dict[Any, Any] = {}
     with torch.inference_mode() if graph.inference_mode else torch.no_grad():
         ref = Forced(graph.gm).run(*eager_inputs)
-        ref64 = graph.fp64_run(*inputs64, forced=forced)
-    return eager_inputs, inputs64, ref, ref64, {}
+        ref64 = graph.fp64_run(*inputs64, kept=kept, forced=forced)
+    return eager_inputs, inputs64, ref, ref64, kept
 
 
 def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
-           after: Dict[int, Any], ties: bool = True) -> Tuple[List[Any], int]:
+           after: Dict[int, Any], ties: bool = True, note: bool = True
+           ) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
     (``after``, by index): (the values it rejects, how many of them are outputs). A value
@@ -130,13 +152,14 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
             bad = _past_ties(graph, bad, kept, outputs, sorted(after))
         except Undecided as why:
             undecided = why
-    graph.note(judge={"ours": "not judged (a near tie)" if undecided else
-                      "failed" if bad else "passed",
-                      "torch_criterion": "failed" if verdict.torch_failed else "passed",
-                      "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
-                      else "none",
-                      **{k: round(v, 3) if isinstance(v, float) else v
-                         for k, v in verdict.stats.items()}})
+    if note:
+        graph.note(judge={"ours": "not judged (a near tie)" if undecided else
+                          "failed" if bad else "passed",
+                          "torch_criterion": "failed" if verdict.torch_failed else "passed",
+                          "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
+                          else "none",
+                          **{k: round(v, 3) if isinstance(v, float) else v
+                             for k, v in verdict.stats.items()}})
     if undecided is not None:
         raise undecided
     return bad, outputs

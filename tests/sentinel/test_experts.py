@@ -153,7 +153,7 @@ def test_a_near_tie_excuses_only_what_its_choice_reaches_and_never_nan() -> None
     assert [m.index for m in bad] == [0] and bad[0].nonfinite == 1
 
 
-def _tied_call(tied_rows: int, compiled: Any) -> Any:
+def _tied_call(tied_rows: int, compiled: Any, first: Any = (2.0, 1.0, 1.0, -1.0)) -> Any:
     """``compare.references`` on a router over 4 tokens whose first ``tied_rows`` have
     experts 1 and 2 exactly tied at the top-2's boundary (one-hot tokens, bf16 logits
     2, 1, 1, -1); the others choose 1 and 3 plainly. ``compiled``(eager's outputs, the
@@ -165,7 +165,7 @@ def _tied_call(tied_rows: int, compiled: Any) -> Any:
     from rocm_autopatch.sentinel.runs.graph import Graph
 
     graph = Graph(_router_graph(tokens=4), None, "t/0", "test", "check", 1, 0.01)
-    gate = torch.tensor([[2.0, 1.0, 1.0, -1.0], [0.0, 3.0, -2.0, 1.0]] + [[0.0] * 4] * 6,
+    gate = torch.tensor([list(first), [0.0, 3.0, -2.0, 1.0]] + [[0.0] * 4] * 6,
                         dtype=torch.bfloat16)
     x = torch.zeros(4, 8, dtype=torch.bfloat16)
     x[:tied_rows, 0] = 1
@@ -200,6 +200,24 @@ def test_a_tie_taken_the_other_way_passes_and_a_bug_at_a_tie_is_still_caught() -
     assert [m.index for m in bad] == [0]
     with pytest.raises(compare.Undecided):  # three tied rows: 8 ways, not tried
         _tied_call(3, wrong)
+    with pytest.raises(compare.Undecided):  # three experts tie at one boundary: not tried
+        _tied_call(1, wrong, first=(2.0, 1.0, 1.0, 1.0))
+
+
+@pytest.mark.fast
+def test_choices_that_cannot_be_told_are_not_taken_either_way() -> None:
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.judging import choices
+
+    found = choices.find(_router_graph())[0]
+    probs = torch.tensor([[0.4, 0.3, 0.2999, 0.0001]], dtype=torch.float64)
+    assert choices.tied_rows(found._replace(k=4), probs) is None  # top-4 of 4: no choice
+    assert choices.tied_rows(found, probs, crowded=True).tolist() == [False]
+    three = torch.tensor([[0.4, 0.2, 0.2, 0.2]], dtype=torch.float64)
+    assert choices.tied_rows(found, three, crowded=True).tolist() == [True]
+    argmax = found._replace(op="argmax", called="argmax", k=1, dim=None, keepdim=True)
+    index = choices.taken(argmax, torch.zeros(2, 3), choices.branch(argmax, three, []))
+    assert index.shape == (1, 1) and int(index) == 0  # argmax(keepdim=True) keeps both
 
 
 @pytest.mark.fast

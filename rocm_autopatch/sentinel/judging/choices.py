@@ -159,9 +159,13 @@ def _rows_last(choice: Choice, x: torch.Tensor) -> torch.Tensor:
     return x.flatten() if choice.dim is None else x.movedim(choice.dim, -1)
 
 
-def tied_rows(choice: Choice, values: Any) -> Optional[torch.Tensor]:
-    """Where ``choice`` is a near tie, row by row (the operand's other dimensions, in order;
-    one row where it has no dimension); None where it cannot be told."""
+def tied_rows(choice: Choice, values: Any, ulps: float = CHOICE_ULPS, crowded: bool = False
+              ) -> Optional[torch.Tensor]:
+    """Where ``choice`` is a near tie (within ``ulps`` rounding units), row by row (the
+    operand's other dimensions, in order; one row where it has no dimension); None where
+    it cannot be told. ``crowded``: where a third candidate is within the window of the
+    boundary too (taking the tie each way would not cover every choice compiled code
+    might make)."""
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
         return None
     x = _rows_last(choice, values.detach().double())
@@ -171,15 +175,23 @@ def tied_rows(choice: Choice, values: Any) -> Optional[torch.Tensor]:
     # is NaN, which compares false); NaN ranks last.
     finite = torch.isfinite(x)
     scale = x.masked_fill(~finite, 0).abs().amax(-1).clamp(min=1e-30)
-    window = CHOICE_ULPS * torch.finfo(choice.dtype).eps * scale
+    window = ulps * torch.finfo(choice.dtype).eps * scale
     x = x.nan_to_num(nan=-math.inf if choice.largest or choice.op == "sort" else math.inf,
                      posinf=math.inf, neginf=-math.inf)
     if choice.op == "sort":
         return (x.sort(-1).values.diff(dim=-1) <= window.unsqueeze(-1)).any(-1)
     if choice.k < 1 or choice.k >= x.size(-1):
         return None
-    ranked = x.topk(choice.k + 1, -1, largest=choice.largest).values
-    return (ranked[..., choice.k - 1] - ranked[..., choice.k]).abs() <= window
+    ranked = x.topk(min(choice.k + 2, x.size(-1)), -1, largest=choice.largest).values
+    near = (ranked[..., choice.k - 1] - ranked[..., choice.k]).abs() <= window
+    if not crowded:
+        return near
+    third = torch.zeros_like(near)
+    if choice.k >= 2:
+        third |= (ranked[..., choice.k - 2] - ranked[..., choice.k]).abs() <= window
+    if choice.k + 1 < ranked.size(-1):
+        third |= (ranked[..., choice.k - 1] - ranked[..., choice.k + 1]).abs() <= window
+    return near & third
 
 
 def branch(choice: Choice, values: torch.Tensor, flipped: List[Tuple[int, ...]]
@@ -204,10 +216,12 @@ def taken(choice: Choice, operand: torch.Tensor, indices: torch.Tensor) -> Any:
     x = _rows_last(choice, operand)
     values = x.gather(-1, indices)
     if choice.called == "topk":
-        return torch.return_types.topk((values.movedim(-1, choice.dim),
-                                        indices.movedim(-1, choice.dim)))
+        return torch.return_types.topk((values.movedim(-1, choice.dim).contiguous(),
+                                        indices.movedim(-1, choice.dim).contiguous()))
     index, value = indices[..., 0], values[..., 0]
-    if choice.keepdim and choice.dim is not None:
+    if choice.keepdim and choice.dim is None:  # argmax(keepdim=True): every dimension kept
+        index = index.reshape([1] * operand.dim())
+    elif choice.keepdim:
         index, value = index.unsqueeze(choice.dim), value.unsqueeze(choice.dim)
     if choice.called in ("max", "min"):
         return getattr(torch.return_types, choice.called)((value, index))
