@@ -72,15 +72,14 @@ def branches(graph: Graph, flat: List[Any], pre: Any, res: List[Any], after: Dic
 
     if graph.names:
         return None
-    told = [c for c in graph.choices if c.op != "sort"
-            and choices.tied_rows(c, kept.get(c.operand)) is not None]
+    rows = {c: choices.tied_rows(c, kept.get(c.operand)) for c in graph.choices}
+    told = [c for c in graph.choices if c.op != "sort" and rows[c] is not None]
     tied = []
-    for c in graph.choices:
-        rows = choices.tied_rows(c, kept.get(c.operand))
-        if rows is not None and bool(rows.any()):
+    for c, where in rows.items():
+        if where is not None and bool(where.any()):
             if c.op == "sort" or bool(choices.tied_rows(c, kept[c.operand], crowded=True).any()):
                 return None
-            tied += [(c, tuple(r)) for r in rows.nonzero().tolist()]
+            tied += [(c, tuple(r)) for r in where.nonzero().tolist()]
     if not tied or len(tied) > BRANCH_ROWS or any(
             bool(torch.isnan(kept[c.operand]).any()) for c in told):
         return None

@@ -115,6 +115,7 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
                 continue
             name = _target_name(node)
             args, kwargs = list(node.args), dict(node.kwargs)
+            keepdim = False
             if name in _TOPK:
                 at_k, at_dim, at_largest = _TOPK[name]
                 k = kwargs.get("k", args[at_k] if len(args) > at_k else None)
@@ -132,7 +133,6 @@ def find(gm: torch.fx.GraphModule) -> List[Choice]:
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else -1)
             else:
                 continue
-            keepdim = False if name not in _ONE else keepdim
             operand = args[0]
             dtype = _coarsest(operand) if isinstance(operand, torch.fx.Node) else None
             if (dtype is None or not isinstance(k, int) or not isinstance(largest, bool)
