@@ -14,8 +14,8 @@ from rocm_autopatch.sentinel.judging import choices, judge
 from rocm_autopatch.sentinel.runs import memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph
 
-# Tied rows (a choice's row whose boundary is a near tie) up to which every way of taking
-# them is tried (2: the references run four times more, in the rare call that needs it).
+# Tied (choice, row) pairs, in the whole graph, up to which every way of taking them is
+# tried (2: the references run four times more, in the rare call that needs it).
 BRANCH_ROWS = 2
 
 
@@ -95,9 +95,9 @@ def branches(graph: Graph, flat: List[Any], pre: Any, res: List[Any], after: Dic
                                 after, ties=False, note=False)
         if not found:
             return [], outputs
-    wider = sum(int(rows.sum()) for rows in (choices.tied_rows(
-        c, kept.get(c.operand), ulps=2 * choices.CHOICE_ULPS) for c in graph.choices)
-        if rows is not None)
+    wide = (choices.tied_rows(c, kept.get(c.operand), ulps=2 * choices.CHOICE_ULPS)
+            for c in graph.choices)
+    wider = sum(int(where.sum()) for where in wide if where is not None)
     return None if wider > len(tied) else (bad, outputs)
 
 

@@ -63,13 +63,9 @@ def _table() -> Dict[Any, Callable[..., Any]]:
     of them)."""
     table: Dict[Any, Callable[..., Any]] = {}
     native = getattr(torch, "_grouped_mm", None)
-    if native is not None:
-        table[native] = grouped_mm
-    packet = getattr(torch.ops.aten, "_grouped_mm", None) if hasattr(torch, "_grouped_mm") \
-        else None
-    if packet is not None:
-        table[packet] = grouped_mm
-        table[packet.default] = grouped_mm
+    if native is not None:  # the Python binding, its ATen op and the op's overload
+        packet = torch.ops.aten._grouped_mm
+        table.update(dict.fromkeys((native, packet, packet.default), grouped_mm))
     functional = getattr(torch.nn.functional, "grouped_mm", None)
     if functional is not None:
         table[functional] = grouped_mm
