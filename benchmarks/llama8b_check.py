@@ -3,13 +3,16 @@
 GPU, its forward compiled, transformers' static-cache ``generate``: a ``--prompt``-token
 prompt and ``--tokens`` new tokens, once to warm up and ``--rounds`` times timed.
 
-    python benchmarks/llama8b_check.py [--arms off,check] [--prompt 2048] [--tokens 256]
-                                       [--rounds 2] [--json PATH]
+    python benchmarks/llama8b_check.py [--arms off,check,check_op_by_op] [--prompt 2048]
+                                       [--tokens 256] [--rounds 2] [--json PATH]
 
 Each arm its own process (ROCm behaviour forced, an empty Inductor cache of its own).
 Reported per arm: tokens/s of the timed generations (prefill included), torch's own peak
 of allocated memory over the whole run, the sentinel's share of the wall time, and each
-graph's verdict, checks and how its references ran (or why it was not checked).
+graph's verdict, checks and how its references ran (or why it was not checked), and each
+check's cost to the program beyond its call (``check_costs_ms``: what the ledger counts,
+the first of each graph outside the budget). ``check_op_by_op``: the references never
+captured as a device graph.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ from common import meta, run_arm
 CHILD = r"""
 import json, sys, time, torch, transformers as t
 prompt_len, tokens, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+if sys.argv[4:] == ["op_by_op"]:  # the references never captured nor replayed
+    from rocm_autopatch.sentinel.runs import replay
+    replay.Replays.replayed = lambda self, *a, **k: None
+from rocm_autopatch.sentinel.scheduling import schedule
+costs = []  # each check's cost to the program beyond its call (ms): what the ledger counts
+checked = schedule.Schedule.checked
+def counted(self, why, flat, values, passed, call_seconds, check_seconds, outputs):
+    costs.append((why, round((check_seconds - call_seconds) * 1e3, 2)))
+    return checked(self, why, flat, values, passed, call_seconds, check_seconds, outputs)
+schedule.Schedule.checked = counted
 torch.manual_seed(0)
 cfg = t.LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -46,14 +59,16 @@ with torch.no_grad():
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
 import rocm_autopatch
-from rocm_autopatch.sentinel.scheduling import schedule
 v = rocm_autopatch.report().verify or {}
 keep = ("graph", "status", "reason", "calls", "calls_checked", "checked_because",
-        "checks_skipped", "skipped_reason", "references", "seconds")
+        "checks_skipped", "skipped_reason", "references", "seconds", "period",
+        "values_stride", "budget_spent", "checks_read_later")
 print(json.dumps({"tokens_per_s": round(rounds * tokens / seconds, 2),
                   "weights_gib": round(weights / 2**30, 2),
                   "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                   "sentinel_share": schedule.LEDGER.spent_share() if v else 0.0,
+                  "ledger_spent_s": round(schedule.LEDGER.spent, 4),
+                  "check_costs_ms": costs,
                   "graphs": [{k: g.get(k) for k in keep} for g in v.get("graphs", [])]}))
 """
 
@@ -68,8 +83,9 @@ def main() -> int:
     args = parser.parse_args()
     results = []
     for arm in args.arms.split(","):
-        verify = {"off": ""}.get(arm, arm)
-        got = run_arm(CHILD, [str(args.prompt), str(args.tokens), str(args.rounds)],
+        verify = {"off": "", "check_op_by_op": "check"}.get(arm, arm)
+        extra = ["op_by_op"] if arm == "check_op_by_op" else []
+        got = run_arm(CHILD, [str(args.prompt), str(args.tokens), str(args.rounds), *extra],
                       {"ROCM_AUTOPATCH_VERIFY": verify, "ROCM_AUTOPATCH_VERIFY_DIR": "off"},
                       timeout=1200)
         results.append({"arm": arm, **got})

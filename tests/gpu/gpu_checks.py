@@ -396,6 +396,45 @@ def replayed_references() -> Dict[str, Any]:
     return results
 
 
+def capture_gives_way() -> Dict[str, Any]:
+    """issue 43, item 6: two graphs' captures of the same size that do not fit the
+    captures' memory bound together (set here to 1.5 times the first's): the first graph's
+    (a prompt, checked once) was never replayed, so it gives way to the second's (a decode
+    step checked again, which replays); the first's next check runs op by op and does not
+    take the replayed one's place. Every call checked, under ``fallback``."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY="fallback", ROCM_AUTOPATCH_VERIFY_DIR="off")
+    import torch
+
+    from rocm_autopatch.sentinel.runs import replay
+    from rocm_autopatch.sentinel.scheduling import schedule
+
+    due = schedule.Schedule.due
+    schedule.Schedule.due = lambda self, flat: due(self, flat) or schedule.SAMPLED
+    import rocm_autopatch
+
+    w1, w2 = (torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16) / 32
+              for _ in range(2))
+    prompt = torch.compile(lambda x: torch.nn.functional.silu(x @ w1).sum(-1))
+    step = torch.compile(lambda x: torch.nn.functional.silu(x @ w2).sum(-1))  # same size
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    seen = []
+    total = torch.cuda.get_device_properties(0).total_memory
+    with torch.no_grad():
+        for name, f in (("prompt", prompt), ("step", step), ("step", step),
+                        ("prompt", prompt), ("step", step)):
+            f(x)
+            if not seen:  # the bound: room for the first capture, no more
+                first = replay.held_bytes()
+                replay.HELD_SHARE = 1.5 * first / total
+            graphs = rocm_autopatch.report().verify["graphs"]
+            live = [o().captured[k].held for o, k in replay._LIVE
+                    if o() is not None and k in o().captured]
+            seen.append({"called": name, "held": replay.held_bytes(), "live": live,
+                         "references": [g["references"] for g in graphs]})
+    graphs = rocm_autopatch.report().verify["graphs"]
+    return {"first_held": first, "seen": seen, "status": [g["status"] for g in graphs]}
+
+
 DEFERRED_EXIT = """
 import json, os, torch, rocm_autopatch
 w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16) / 16
@@ -568,6 +607,7 @@ SCENARIOS: Dict[str, tuple] = {
     "check_memory_estimate": (check_memory_estimate, {"ROCM_AUTOPATCH": "force"}),
     "perf_warm_start": (perf_warm_start, {"ROCM_AUTOPATCH": "0"}),
     "replayed_references": (replayed_references, {"ROCM_AUTOPATCH": "force"}),
+    "capture_gives_way": (capture_gives_way, {"ROCM_AUTOPATCH": "force"}),
     "deferred_verdicts": (deferred_verdicts, {"ROCM_AUTOPATCH": "force",
                                               "ROCM_AUTOPATCH_VERIFY": "check"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {

@@ -110,6 +110,24 @@ def test_references_are_replayed_as_a_device_graph_and_still_catch_a_bug(
     assert wrong["checks"][-1]["how"].startswith("replayed") and wrong["rng_unchanged"]
 
 
+def test_a_capture_never_replayed_gives_way_to_one_that_is(results: dict) -> None:
+    got = results["capture_gives_way"]
+    seen = got["seen"]
+    assert got["first_held"] > 0 and got["status"] == ["passed", "passed"], got
+    # the prompt's shape captured at its first check
+    assert seen[0]["references"][0].startswith("run op by op and captured"), seen[0]
+    assert seen[0]["live"] == [got["first_held"]], seen[0]
+    # the step's capture takes its place: one capture held, the step's, then replayed
+    assert seen[1]["references"][1].startswith("run op by op and captured"), seen[1]
+    assert len(seen[1]["live"]) == 1 and seen[1]["held"] < 1.5 * got["first_held"], seen[1]
+    assert seen[2]["references"][1].startswith("replayed"), seen[2]
+    # the prompt again: op by op (its record says so from its next check); the step's
+    # capture, replayed, stays
+    assert seen[3]["references"][0].startswith("run op by op: a capture would hold"), seen[3]
+    assert len(seen[3]["live"]) == 1, seen[3]
+    assert seen[4]["references"][1].startswith("replayed"), seen[4]
+
+
 def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: dict) -> None:
     got, fallback = results["deferred_verdicts"], results["deferred_fallback"]["healthy"]
     healthy, written, refilled, wrong = (got[k] for k in ("healthy", "written", "refilled",
