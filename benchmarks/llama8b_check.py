@@ -36,6 +36,18 @@ def counted(self, why, flat, values, passed, call_seconds, check_seconds, output
     costs.append((why, round((check_seconds - call_seconds) * 1e3, 2)))
     return checked(self, why, flat, values, passed, call_seconds, check_seconds, outputs)
 schedule.Schedule.checked = counted
+parts = {"reads": 0.0, "crossing_reads": 0.0, "verdicts_read_later": 0.0}
+def spent_by(part, fn):  # what the ledger gains inside fn, by part
+    def wrapped(*a, **k):
+        before = schedule.LEDGER.spent
+        try:
+            return fn(*a, **k)
+        finally:
+            parts[part] += schedule.LEDGER.spent - before
+    return wrapped
+schedule.Schedule._costs = spent_by("reads", schedule.Schedule._costs)
+schedule.Schedule._crossed = spent_by("crossing_reads", schedule.Schedule._crossed)
+schedule.charge = spent_by("verdicts_read_later", schedule.charge)
 torch.manual_seed(0)
 cfg = t.LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -69,6 +81,7 @@ print(json.dumps({"tokens_per_s": round(rounds * tokens / seconds, 2),
                   "sentinel_share": schedule.LEDGER.spent_share() if v else 0.0,
                   "ledger_spent_s": round(schedule.LEDGER.spent, 4),
                   "check_costs_ms": costs,
+                  "ledger_parts_s": {k: round(x, 4) for k, x in parts.items()},
                   "graphs": [{k: g.get(k) for k in keep} for g in v.get("graphs", [])]}))
 """
 
