@@ -2,7 +2,7 @@
 an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is TinyLlama's
 1.1B configuration), its forward compiled.
 
-    python benchmarks/decode_loop.py [--arms speed,bug] [--rounds 2] [--tokens 256]
+    python benchmarks/decode_loop.py [--arms speed,bug,share,ab] [--rounds 2] [--tokens 256]
                                      [--bug-at 40,200] [--layers 8] [--json PATH]
                                      [--op-by-op] [--with-at-call]
 
@@ -17,6 +17,13 @@ checks and value reads over the time since the first warm call, all graphs).
 verdict read at the checked call (as before the deferred verdict, ``sentinel/runs/deferred``).
 
 ``share``: the ``check`` arm alone (the sentinel's share, without the speed comparison).
+
+``ab``: both arms in one process, which removes the process-to-process spread (the same
+arm moved up to 1.9x between processes on the lent GPUs): two copies of the model with
+the same weights, one compiled through the sentinel's watch (``check``), the other with
+Inductor's own ``compile_fx`` (the sentinel never sees it: ``off``); after a warm-up
+generation each, ``--rounds`` rounds of one generation each, the order alternating
+(off, check; check, off; ...), each timed between synchronisations of the device.
 
 ``bug``: the same loop under ``check`` with a miscompile that starts at position p (one per
 ``--bug-at``): Inductor's cosine made wrong where its argument passes p, which the rotary
@@ -77,6 +84,55 @@ out["check_costs_ms"] = costs
 print(json.dumps(out))
 """
 
+AB_CHILD = r"""
+import copy, json, statistics, sys, time, torch, transformers as t
+tokens, layers, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+import torch._inductor.compile_fx as cfx
+from rocm_autopatch import patching
+from rocm_autopatch.sentinel.scheduling import schedule
+assert patching.ours(cfx.compile_fx), "the sentinel's watch is not installed"
+unwatched = patching.original_of(cfx.compile_fx)
+torch.manual_seed(0)
+cfg = t.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
+                    max_position_embeddings=2048)
+with torch.device("cuda"):
+    models = {"check": t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()}
+models["off"] = copy.deepcopy(models["check"])
+for m in models.values():
+    m.generation_config.cache_implementation = "static"
+    m.generation_config.disable_compile = True
+models["check"].forward = torch.compile(models["check"].forward)
+models["off"].forward = torch.compile(models["off"].forward,
+                                      backend=lambda gm, example: unwatched(gm, example))
+prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
+def generate(arm):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = models[arm].generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens,
+                               do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    return out, tokens / (time.perf_counter() - start)
+speed = {"off": [], "check": []}
+with torch.no_grad():
+    warm = {arm: generate(arm)[0][0, 16:] for arm in ("off", "check")}  # warm-up
+    differ = (warm["off"] != warm["check"]).nonzero()
+    first_difference = int(differ[0]) if len(differ) else -1  # in the new tokens
+    for r in range(rounds):
+        for arm in (("off", "check") if r % 2 == 0 else ("check", "off")):
+            speed[arm].append(round(generate(arm)[1], 2))
+import rocm_autopatch
+graphs = rocm_autopatch.report().verify.get("graphs", [])
+keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
+        "checks_read_later", "references")
+print(json.dumps({"tokens_per_s": speed, "first_different_token": first_difference,
+                  "ratio_of_medians": round(statistics.median(speed["check"])
+                                            / statistics.median(speed["off"]), 4),
+                  "ratio_of_means": round(sum(speed["check"]) / sum(speed["off"]), 4),
+                  "sentinel_share": schedule.LEDGER.spent_share(),
+                  "graphs": [{k: g.get(k) for k in keep} for g in graphs]}))
+"""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -117,6 +173,11 @@ def main() -> int:
         if off and at_call:
             print(f"tokens/s check_at_call {at_call}: check_at_call/off "
                   f"{sum(at_call) / len(at_call) / (sum(off) / len(off)):.4f}")
+    if "ab" in arms:
+        got = run_arm(AB_CHILD, [str(args.tokens), str(args.layers), str(args.rounds)],
+                      {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
+        results.append({"arm": "ab", **got})
+        print(json.dumps(results[-1]), flush=True)
     if "bug" in arms:
         for p in (int(v) for v in args.bug_at.split(",")):
             got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers), *extra],
