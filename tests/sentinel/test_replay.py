@@ -61,3 +61,34 @@ def test_kept_buffers_are_refilled_with_the_state_before_each_call() -> None:
     assert torch.equal(views[0], flat[0]) and torch.equal(views64[1], flat[1].double())
     other = snapshot.Snapshot([torch.zeros(5)], frozenset({0}))
     assert other.layout_key() != pre.layout_key()
+
+
+class _StandInCapture:
+    """Stands in for ``replay.Captured``, which needs a CUDA/HIP device: what ``_make_room``
+    reads of one (its size, its replays, its device)."""
+
+    def __init__(self, held: int, replays: int) -> None:
+        self.held, self.replays, self.device = held, replays, "cuda:0"
+
+
+def test_room_is_made_from_captures_never_replayed_oldest_first_or_not_at_all(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eviction's bookkeeping (on an H200, ``tests/gpu/gpu_checks.py capture_gives_way``
+    drives it with real captures): only captures never replayed go, oldest first, as few as
+    make the room; where all of them together would not, none goes."""
+    import weakref
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    graphs = [replay.Replays(dynamo_graph(lambda t: t.cos(), torch.randn(4))) for _ in "abc"]
+    prompt, step, other = graphs
+    prompt.captured["p"] = _StandInCapture(10, replays=0)
+    step.captured["d"] = _StandInCapture(10, replays=3)
+    other.captured["q"] = _StandInCapture(5, replays=0)
+    monkeypatch.setattr(replay, "_LIVE", [(weakref.ref(g), k) for g, k in
+                                          ((prompt, "p"), (step, "d"), (other, "q"))])
+    replay._make_room(20, "cuda:0")  # the two never replayed hold 15: not enough
+    assert (prompt.captured.keys(), other.captured.keys()) == ({"p"}, {"q"})
+    replay._make_room(8, "cuda:0")  # the oldest is enough
+    assert not prompt.captured and "gave way" in prompt.why and other.captured
+    replay._make_room(3, "cuda:0")
+    assert not other.captured and step.captured and len(replay._LIVE) == 1

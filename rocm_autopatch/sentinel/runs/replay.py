@@ -298,20 +298,24 @@ class Replays:
 
 
 def _make_room(needed: int, device: Any) -> None:
-    """Free at least ``needed`` bytes of captures never replayed, oldest first (as many as
-    there are): a prompt's shape, checked once, must not hold the room a decode step's
-    capture needs for the rest of the run."""
+    """Free at least ``needed`` bytes of captures never replayed, oldest first: a prompt's
+    shape, checked once, must not hold the room a decode step's capture needs for the rest
+    of the run. Where all of them together would not free enough, none goes."""
+    live = [(entry, entry[0]()) for entry in _LIVE]
+    _LIVE[:] = [entry for entry, owner in live  # dropped, or its graph gone: held no more
+                if owner is not None and entry[1] in owner.captured]
+    idle = [(entry, owner) for entry, owner in live if entry in _LIVE
+            and not owner.captured[entry[1]].replays
+            and owner.captured[entry[1]].device == device]
+    if sum(owner.captured[entry[1]].held for entry, owner in idle) < needed:
+        return
     freed = 0
-    for entry in list(_LIVE):
-        owner, shape = entry[0](), entry[1]
-        captured = owner.captured.get(shape) if owner is not None else None
-        if captured is None:
-            _LIVE.remove(entry)  # dropped, or its graph gone: nothing of it held here
-        elif not captured.replays and captured.device == device and freed < needed:
-            freed += captured.held
-            _LIVE.remove(entry)
-            del captured
-            owner.give_way(shape)  # its pool and buffers go back (``_release``)
+    for entry, owner in idle:
+        if freed >= needed:
+            break
+        freed += owner.captured[entry[1]].held
+        _LIVE.remove(entry)
+        owner.give_way(entry[1])  # its pool and buffers go back (``_release``)
     torch.cuda.empty_cache()
 
 
