@@ -23,7 +23,9 @@ arm moved up to 1.9x between processes on the lent GPUs): two copies of the mode
 the same weights, one compiled through the sentinel's watch (``check``), the other with
 Inductor's own ``compile_fx`` (the sentinel never sees it: ``off``); after a warm-up
 generation each, ``--rounds`` rounds of one generation each, the order alternating
-(off, check; check, off; ...), each timed between synchronisations of the device.
+(off, check; check, off; ...), each timed between synchronisations of the device. The
+sentinel's clock counts both copies' time as the program's, so it samples the watched copy
+about twice as often as it would alone (a bias against ``check``).
 
 ``bug``: the same loop under ``check`` with a miscompile that starts at position p (one per
 ``--bug-at``): Inductor's cosine made wrong where its argument passes p, which the rotary
@@ -102,8 +104,10 @@ models["off"] = copy.deepcopy(models["check"])
 for m in models.values():
     m.generation_config.cache_implementation = "static"
     m.generation_config.disable_compile = True
-models["check"].forward = torch.compile(models["check"].forward)
-models["off"].forward = torch.compile(models["off"].forward,
+# Both copies are recompiles of one frame (LlamaForCausalLM.forward): pinned static, so
+# that Dynamo's shared automatic-dynamic state cannot give them graphs of another kind.
+models["check"].forward = torch.compile(models["check"].forward, dynamic=False)
+models["off"].forward = torch.compile(models["off"].forward, dynamic=False,
                                       backend=lambda gm, example: unwatched(gm, example))
 prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
 def generate(arm):
@@ -114,13 +118,16 @@ def generate(arm):
     torch.cuda.synchronize()
     return out, tokens / (time.perf_counter() - start)
 speed = {"off": [], "check": []}
+seconds = {"off": 0.0, "check": 0.0}
 with torch.no_grad():
     warm = {arm: generate(arm)[0][0, 16:] for arm in ("off", "check")}  # warm-up
     differ = (warm["off"] != warm["check"]).nonzero()
     first_difference = int(differ[0]) if len(differ) else -1  # in the new tokens
     for r in range(rounds):
         for arm in (("off", "check") if r % 2 == 0 else ("check", "off")):
-            speed[arm].append(round(generate(arm)[1], 2))
+            rate = generate(arm)[1]
+            speed[arm].append(round(rate, 2))
+            seconds[arm] += tokens / rate
 import rocm_autopatch
 graphs = rocm_autopatch.report().verify.get("graphs", [])
 keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
@@ -129,7 +136,11 @@ print(json.dumps({"tokens_per_s": speed, "first_different_token": first_differen
                   "ratio_of_medians": round(statistics.median(speed["check"])
                                             / statistics.median(speed["off"]), 4),
                   "ratio_of_means": round(sum(speed["check"]) / sum(speed["off"]), 4),
+                  # the ledger's clock runs through both arms' generations: its share of
+                  # all of them, and its seconds over the watched arm's own
                   "sentinel_share": schedule.LEDGER.spent_share(),
+                  "sentinel_seconds_over_check_time": round(
+                      schedule.LEDGER.spent / seconds["check"], 5),
                   "graphs": [{k: g.get(k) for k in keep} for g in graphs]}))
 """
 

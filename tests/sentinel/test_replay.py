@@ -71,24 +71,40 @@ class _StandInCapture:
         self.held, self.replays, self.device = held, replays, "cuda:0"
 
 
-def test_room_is_made_from_captures_never_replayed_oldest_first_or_not_at_all(
+class _Calls:
+    """Stands in for a graph's schedule: its calls so far."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls = calls
+
+
+def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_often(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The eviction's bookkeeping (on an H200, ``tests/gpu/gpu_checks.py capture_gives_way``
-    drives it with real captures): only captures never replayed go, oldest first, as few as
-    make the room; where all of them together would not, none goes."""
+    drove an earlier form with real captures): only captures never replayed go, of graphs
+    called no more often than the one asking, the least called first; as few as make the
+    room; where all of them together would not, none goes. A give-way is not counted
+    against the shape's recaptures."""
     import weakref
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    graphs = [replay.Replays(dynamo_graph(lambda t: t.cos(), torch.randn(4))) for _ in "abc"]
-    prompt, step, other = graphs
-    prompt.captured["p"] = _StandInCapture(10, replays=0)
-    step.captured["d"] = _StandInCapture(10, replays=3)
-    other.captured["q"] = _StandInCapture(5, replays=0)
+    schedules = [_Calls(n) for n in (2, 300, 1, 250)]
+    graphs = [replay.Replays(dynamo_graph(lambda t: t.cos(), torch.randn(4))) for _ in "abcd"]
+    prompt, step, other, idle_step = graphs
+    for g, plan, (shape, held, replays) in zip(graphs, schedules, (
+            ("p", 10, 0), ("d", 10, 3), ("q", 5, 0), ("e", 10, 0))):
+        g.schedule = weakref.ref(plan)
+        g.captured[shape] = _StandInCapture(held, replays)
+        g.captures[shape] = 1
     monkeypatch.setattr(replay, "_LIVE", [(weakref.ref(g), k) for g, k in
-                                          ((prompt, "p"), (step, "d"), (other, "q"))])
-    replay._make_room(20, "cuda:0")  # the two never replayed hold 15: not enough
-    assert (prompt.captured.keys(), other.captured.keys()) == ({"p"}, {"q"})
-    replay._make_room(8, "cuda:0")  # the oldest is enough
-    assert not prompt.captured and "gave way" in prompt.why and other.captured
-    replay._make_room(3, "cuda:0")
-    assert not other.captured and step.captured and len(replay._LIVE) == 1
+                                          ((prompt, "p"), (step, "d"), (other, "q"),
+                                           (idle_step, "e"))])
+    replay._make_room(20, "cuda:0", calls=2)  # the prompt and the other hold 15: too little
+    assert prompt.captured and other.captured and idle_step.captured
+    replay._make_room(3, "cuda:0", calls=2)  # the least called goes first
+    assert not other.captured and prompt.captured and "gave way" in other.why
+    assert other.captures["q"] == 0  # captured again at its next check, if there is room
+    replay._make_room(8, "cuda:0", calls=2)  # the prompt; never a step called 250 times
+    assert not prompt.captured and idle_step.captured and step.captured
+    replay._make_room(8, "cuda:0", calls=300)  # a graph called as often may take its place
+    assert not idle_step.captured and step.captured and len(replay._LIVE) == 1

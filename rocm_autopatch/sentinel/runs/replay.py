@@ -59,8 +59,10 @@ COPY_BYTES = 64 << 20
 # read in place past it).
 COPY_TOTAL = 256 << 20
 _HELD = {"bytes": 0}
-# Every live capture, oldest first: (its Replays, its shape), for ``_make_room``.
+# Every live capture, oldest first: (its Replays, its shape), for ``_make_room``; changed
+# under ``_ROOM`` (not ``_LOCK``, which a capture's finalizer takes while it is held).
 _LIVE: List[Tuple[Any, Any]] = []
+_ROOM = threading.RLock()
 _STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
 # Held while work is put on the sentinel's stream (a capture, a deferred replay, its judge):
@@ -193,6 +195,7 @@ class Replays:
         self.moved: Dict[Any, set] = {}  # shape -> inputs copied at the next capture
         self.captures: Dict[Any, int] = {}
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
+        self.schedule: Any = None  # a weak reference to its graph's schedule (its calls)
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
                  inference: bool, need: int = 0) -> Optional[Refs]:
@@ -202,6 +205,8 @@ class Replays:
         device = None if self.never else _device(flat)
         if device is None:
             return None
+        if self.schedule is None and getattr(graph, "schedule", None) is not None:
+            self.schedule = weakref.ref(graph.schedule)
         captured = self.captured.get(shape)
         if captured is not None:
             moved = captured.fits(flat, pre)
@@ -232,7 +237,7 @@ class Replays:
         self.captures[shape] = self.captures.get(shape, 0) + 1
         limit = HELD_SHARE * torch.cuda.get_device_properties(device).total_memory
         if _HELD["bytes"] > limit:
-            _make_room(_HELD["bytes"] - limit, device)
+            _make_room(_HELD["bytes"] - limit, device, self.calls())
         if _HELD["bytes"] > limit:
             self.why = (f"run op by op: a capture would hold {captured.held / 2**20:.0f} MiB, "
                         f"past {HELD_SHARE:.0%} of the device's memory with the others' "
@@ -243,8 +248,9 @@ class Replays:
             torch.cuda.empty_cache()
             return first
         self.captured[shape] = captured
-        _LIVE[:] = [(o, s) for o, s in _LIVE if o() is not None and s in o().captured
-                    and (o() is not self or s != shape)] + [(weakref.ref(self), shape)]
+        with _ROOM:  # a shape captured again is as young as its new capture
+            _LIVE[:] = [e for e in _LIVE if e[0]() is not self or e[1] != shape]
+            _LIVE.append((weakref.ref(self), shape))
         self.why = (f"run op by op and captured as a device graph, replayed from the next "
                     f"check on (the process's captures hold {_HELD['bytes'] / 2**20:.0f} MiB)")
         first, captured.first = captured.first, None
@@ -281,10 +287,17 @@ class Replays:
             self.why = ("run op by op: the program wrote inputs the capture read in place "
                         "before a replay read them (copied from the next capture on)")
 
+    def calls(self) -> int:
+        """Its graph's calls so far (0 before its first check)."""
+        plan = self.schedule() if self.schedule is not None else None
+        return plan.calls if plan is not None else 0
+
     def give_way(self, shape: Any) -> None:
         """``shape``'s capture, never replayed, goes (its memory for another's); captured
-        again at its next check if there is room then."""
+        again at its next check if there is room then (a give-way is not one of its
+        ``RECAPTURES``)."""
         del self.captured[shape]
+        self.captures[shape] = max(self.captures.get(shape, 1) - 1, 0)
         self.why = ("run op by op: its capture, never replayed, gave way to another "
                     "graph's (the captures' memory is bounded)")
 
@@ -297,26 +310,31 @@ class Replays:
         self.why = "run op by op: its inputs moved from where the capture read them"
 
 
-def _make_room(needed: int, device: Any) -> None:
-    """Free at least ``needed`` bytes of captures never replayed, oldest first: a prompt's
-    shape, checked once, must not hold the room a decode step's capture needs for the rest
-    of the run. Where all of them together would not free enough, none goes."""
-    live = [(entry, entry[0]()) for entry in _LIVE]
-    _LIVE[:] = [entry for entry, owner in live  # dropped, or its graph gone: held no more
+def _make_room(needed: int, device: Any, calls: int) -> None:
+    """Free at least ``needed`` bytes of captures never replayed whose graphs were called
+    no more often than the one asking (``calls``), the least called first, then the
+    oldest: a prompt's shape, checked once, gives way to a decode step's, never the other
+    way round (the two would take each other's place at every check). Where all of them
+    together would not free enough, none goes."""
+    with _ROOM:
+        live = [(entry, entry[0]()) for entry in _LIVE]
+        live = [(entry, owner) for entry, owner in live  # dropped, or its graph gone
                 if owner is not None and entry[1] in owner.captured]
-    idle = [(entry, owner) for entry, owner in live if entry in _LIVE
-            and not owner.captured[entry[1]].replays
-            and owner.captured[entry[1]].device == device]
-    if sum(owner.captured[entry[1]].held for entry, owner in idle) < needed:
-        return
-    freed = 0
-    for entry, owner in idle:
-        if freed >= needed:
-            break
-        freed += owner.captured[entry[1]].held
-        _LIVE.remove(entry)
-        owner.give_way(entry[1])  # its pool and buffers go back (``_release``)
-    torch.cuda.empty_cache()
+        _LIVE[:] = [entry for entry, _ in live]
+        idle = sorted(((owner.calls(), n, entry, owner) for n, (entry, owner)
+                       in enumerate(live) if not owner.captured[entry[1]].replays
+                       and owner.captured[entry[1]].device == device
+                       and owner.calls() <= calls), key=lambda x: x[:2])
+        if sum(owner.captured[entry[1]].held for *_, entry, owner in idle) < needed:
+            return
+        freed = 0
+        for *_, entry, owner in idle:
+            if freed >= needed:
+                break
+            freed += owner.captured[entry[1]].held
+            _LIVE.remove(entry)
+            owner.give_way(entry[1])  # its pool and buffers go back (``_release``)
+    torch.cuda.empty_cache()  # the freed pools' blocks, for the capture that needs them
 
 
 def _small_inputs(flat: List[Any]) -> set:
