@@ -72,10 +72,13 @@ class _StandInCapture:
 
 
 class _Calls:
-    """Stands in for a graph's schedule: its calls so far."""
+    """Stands in for a graph's schedule (its calls so far) and its record (``note``)."""
 
     def __init__(self, calls: int) -> None:
-        self.calls = calls
+        self.calls, self.noted = calls, {}
+
+    def note(self, **fields: str) -> None:
+        self.noted.update(fields)
 
 
 def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_often(
@@ -93,7 +96,7 @@ def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_ofte
     prompt, step, other, idle_step = graphs
     for g, plan, (shape, held, replays) in zip(graphs, schedules, (
             ("p", 10, 0), ("d", 10, 3), ("q", 5, 0), ("e", 10, 0))):
-        g.schedule = weakref.ref(plan)
+        g.schedule = g.graph = weakref.ref(plan)
         g.captured[shape] = _StandInCapture(held, replays)
         g.captures[shape] = 1
     monkeypatch.setattr(replay, "_LIVE", [(weakref.ref(g), k) for g, k in
@@ -103,6 +106,7 @@ def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_ofte
     assert prompt.captured and other.captured and idle_step.captured
     replay._make_room(3, "cuda:0", calls=2)  # the least called goes first
     assert not other.captured and prompt.captured and "gave way" in other.why
+    assert schedules[2].noted == {"references": other.why}  # its record says so at once
     assert other.captures["q"] == 0  # captured again at its next check, if there is room
     replay._make_room(8, "cuda:0", calls=2)  # the prompt; never a step called 250 times
     assert not prompt.captured and idle_step.captured and step.captured

@@ -196,6 +196,7 @@ class Replays:
         self.captures: Dict[Any, int] = {}
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
         self.schedule: Any = None  # a weak reference to its graph's schedule (its calls)
+        self.graph: Any = None  # ...and to its graph (whose record a give-way updates)
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
                  inference: bool, need: int = 0) -> Optional[Refs]:
@@ -206,7 +207,7 @@ class Replays:
         if device is None:
             return None
         if self.schedule is None and getattr(graph, "schedule", None) is not None:
-            self.schedule = weakref.ref(graph.schedule)
+            self.schedule, self.graph = weakref.ref(graph.schedule), weakref.ref(graph)
         captured = self.captured.get(shape)
         if captured is not None:
             moved = captured.fits(flat, pre)
@@ -300,6 +301,9 @@ class Replays:
         self.captures[shape] = max(self.captures.get(shape, 1) - 1, 0)
         self.why = ("run op by op: its capture, never replayed, gave way to another "
                     "graph's (the captures' memory is bounded)")
+        graph = self.graph() if self.graph is not None else None
+        if graph is not None:  # said now, not at its next check (which may never come)
+            graph.note(references=self.why)
 
     def _drop(self, shape: Any, moved: List[int]) -> None:
         del self.captured[shape]  # its pool and buffers go back (``_release``)
