@@ -72,10 +72,10 @@ class _StandInCapture:
 
 
 class _Calls:
-    """Stands in for a graph's schedule (its calls so far) and its record (``note``)."""
+    """Stands in for a graph: its schedule (its calls so far) and its record (``note``)."""
 
     def __init__(self, calls: int) -> None:
-        self.calls, self.noted = calls, {}
+        self.calls, self.noted, self.schedule = calls, {}, self
 
     def note(self, **fields: str) -> None:
         self.noted.update(fields)
@@ -96,7 +96,7 @@ def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_ofte
     prompt, step, other, idle_step = graphs
     for g, plan, (shape, held, replays) in zip(graphs, schedules, (
             ("p", 10, 0), ("d", 10, 3), ("q", 5, 0), ("e", 10, 0))):
-        g.schedule = g.graph = weakref.ref(plan)
+        g.graph = weakref.ref(plan)
         g.captured[shape] = _StandInCapture(held, replays)
         g.captures[shape] = 1
     monkeypatch.setattr(replay, "_LIVE", [(weakref.ref(g), k) for g, k in

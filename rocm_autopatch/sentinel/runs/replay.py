@@ -195,8 +195,7 @@ class Replays:
         self.moved: Dict[Any, set] = {}  # shape -> inputs copied at the next capture
         self.captures: Dict[Any, int] = {}
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
-        self.schedule: Any = None  # a weak reference to its graph's schedule (its calls)
-        self.graph: Any = None  # ...and to its graph (whose record a give-way updates)
+        self.graph: Any = None  # a weak reference to its graph (its calls, its record)
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
                  inference: bool, need: int = 0) -> Optional[Refs]:
@@ -206,8 +205,8 @@ class Replays:
         device = None if self.never else _device(flat)
         if device is None:
             return None
-        if self.schedule is None and getattr(graph, "schedule", None) is not None:
-            self.schedule, self.graph = weakref.ref(graph.schedule), weakref.ref(graph)
+        if self.graph is None and getattr(graph, "schedule", None) is not None:
+            self.graph = weakref.ref(graph)
         captured = self.captured.get(shape)
         if captured is not None:
             moved = captured.fits(flat, pre)
@@ -290,8 +289,8 @@ class Replays:
 
     def calls(self) -> int:
         """Its graph's calls so far (0 before its first check)."""
-        plan = self.schedule() if self.schedule is not None else None
-        return plan.calls if plan is not None else 0
+        graph = self.graph() if self.graph is not None else None
+        return graph.schedule.calls if graph is not None else 0
 
     def give_way(self, shape: Any) -> None:
         """``shape``'s capture, never replayed, goes (its memory for another's); captured
@@ -325,17 +324,19 @@ def _make_room(needed: int, device: Any, calls: int) -> None:
         live = [(entry, owner) for entry, owner in live  # dropped, or its graph gone
                 if owner is not None and entry[1] in owner.captured]
         _LIVE[:] = [entry for entry, _ in live]
-        idle = sorted(((owner.calls(), n, entry, owner) for n, (entry, owner)
-                       in enumerate(live) if not owner.captured[entry[1]].replays
-                       and owner.captured[entry[1]].device == device
-                       and owner.calls() <= calls), key=lambda x: x[:2])
-        if sum(owner.captured[entry[1]].held for *_, entry, owner in idle) < needed:
+        idle = []  # (its graph's calls, its age, the entry, its graph's Replays, its bytes)
+        for age, (entry, owner) in enumerate(live):
+            captured, used = owner.captured[entry[1]], owner.calls()
+            if not captured.replays and captured.device == device and used <= calls:
+                idle.append((used, age, entry, owner, captured.held))
+        idle.sort(key=lambda x: x[:2])
+        if sum(held for *_, held in idle) < needed:
             return
         freed = 0
-        for *_, entry, owner in idle:
+        for _, _, entry, owner, held in idle:
             if freed >= needed:
                 break
-            freed += owner.captured[entry[1]].held
+            freed += held
             _LIVE.remove(entry)
             owner.give_way(entry[1])  # its pool and buffers go back (``_release``)
     torch.cuda.empty_cache()  # the freed pools' blocks, for the capture that needs them
