@@ -2,7 +2,7 @@
 is anything judged wrong that is not, and is a bug inside the experts caught?
 
     python benchmarks/moe_models.py [--models mixtral,qwen2_moe,deepseek_v3] [--bug]
-                                    [--calls 48] [--tokens 1] [--json PATH]
+                                    [--calls 48] [--tokens 1] [--narrowed] [--json PATH]
 
 One process, ``ROCM_AUTOPATCH=force ROCM_AUTOPATCH_VERIFY=check`` (set here if unset).
 transformers' Mixtral, Qwen2-MoE and DeepSeek-V3 (tiny configs, random weights, bfloat16:
@@ -13,8 +13,10 @@ a decode step's size), then prints its graph records. Where a router's top-k is 
 in float64 and the results differ, the call is not judged (``judging/choices.py``): with
 12 tokens, most calls. ``--bug``: SiLU (the experts' activation, used
 nowhere else in these models) 1.5x too large in what Inductor compiles, through its
-decomposition table; eager is untouched. On a GPU the models are larger (hidden 1024, 4
-layers, 8 experts).
+decomposition table; eager is untouched. ``--narrowed``: the grouped GEMM's float64
+stand-in taken away, so its reference runs it in float32, the highest precision it has
+(what any op without a float64 kernel gets: ``runs/reference.py``). On a GPU the models
+are larger (hidden 1024, 4 layers, 8 experts).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def run(name: str, calls: int, tokens: int, device: str) -> Dict[str, Any]:
         for step in range(calls):
             compiled(input_ids=ids[step], use_cache=False)
     keys = ("graph", "status", "calls", "calls_checked", "checks_skipped", "found_at_call",
-            "reason", "skipped_reason", "references")
+            "reason", "skipped_reason", "references", "judge")
     graphs = [{k: g.get(k) for k in keys}
               for g in (rocm_autopatch.report().verify or {}).get("graphs", [])[before:]]
     return {"model": name, "graphs": graphs}
@@ -87,9 +89,15 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--bug", action="store_true")
     parser.add_argument("--calls", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=1)
+    parser.add_argument("--narrowed", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     import torch
+
+    if args.narrowed:
+        from rocm_autopatch.sentinel.runs import stand_ins
+
+        stand_ins.STAND_INS.clear()
 
     if args.bug:
         from torch._inductor import decomposition
@@ -107,10 +115,13 @@ def main(argv: List[str]) -> None:
                   f"{g['calls_checked']} of {g['calls']} calls checked, "
                   f"{g['checks_skipped']} skipped"
                   + (f", found at call {g['found_at_call']}" if g["found_at_call"] else "")
-                  + (f"; {g['skipped_reason']}" if g["skipped_reason"] else ""))
+                  + (f"; {g['skipped_reason']}" if g["skipped_reason"] else "")
+                  + (f"; reference: {g['judge'].get('reference_precision')}"
+                     if g.get("judge") else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": device, "torch": torch.__version__, "bug": args.bug,
+                       "narrowed": args.narrowed,
                        "calls": args.calls, "tokens": args.tokens,
                        "results": results}, fh, indent=1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.sentinel.judging import choices, judge
-from rocm_autopatch.sentinel.runs import memory, numerics
+from rocm_autopatch.sentinel.runs import memory, numerics, reference
 from rocm_autopatch.sentinel.runs.graph import Graph
 
 # Tied (choice, row) pairs, in the whole graph, up to which every way of taking them is
@@ -136,14 +136,13 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
     outputs = len(numerics.leaves(ref))
-    empty = {i: f"uninitialised memory ({op})" for i, op in graph.uninitialised.items()}
     written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
                                for i in sorted(after)])
     verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
                             res + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
-                            judge.TOL_FORWARD, derived, skip=empty,
-                            allowed=judge.Allowance(*graph.allowed))
+                            judge.TOL_FORWARD, derived, skip=graph.not_compared,
+                            allowed=judge.Allowance(*graph.allowed, *graph.narrowest))
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
     if bad and graph.choices and ties:
@@ -157,6 +156,7 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                           "torch_criterion": "failed" if verdict.torch_failed else "passed",
                           "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
                           else "none",
+                          "reference_precision": graph.narrowest[1] or "float64",
                           **{k: round(v, 3) if isinstance(v, float) else v
                              for k, v in verdict.stats.items()}})
     if undecided is not None:
@@ -218,6 +218,8 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
             with torch.inference_mode() if inference else torch.no_grad():
                 ref = graph.eager_run(*eager_inputs)
                 ref64 = graph.fp64_run(*inputs64, kept=kept)
+        except reference.Narrowed:  # an op without a float64 kernel, narrower from now on
+            continue
         except Exception as exc:
             if not inference or memory.out_of_memory(exc):
                 raise

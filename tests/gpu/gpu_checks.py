@@ -588,6 +588,84 @@ def perf_warm_start() -> Dict[str, Any]:
     return found
 
 
+def _cos_wrong(graph: Any) -> None:
+    """A post-grad pass: the compiled cosine 1.5x (a miscompile around an op narrowed)."""
+    import torch
+
+    for node in list(graph.nodes):
+        if node.target is torch.ops.aten.cos.default:
+            with graph.inserting_after(node):
+                wrong = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1.5))
+            node.replace_all_uses_with(wrong)
+            wrong.args = (node, 1.5)
+
+
+def narrowed_attention() -> Dict[str, Any]:
+    """issue 43, item 5: ops with no float64 kernel and no stand-in run in the highest
+    precision they have in the reference. torch's own attention kernels, which op_db lists
+    (``_efficient_attention_forward``: float32, float16, bfloat16; ``_flash_attention_forward``:
+    float16, bfloat16), their op_db samples each compiled alone under ``check``; then a
+    graph around each whose compiled cosine is 1.5x off, and the same graph healthy."""
+    os.environ.update(ROCM_AUTOPATCH_VERIFY="check", ROCM_AUTOPATCH_VERIFY_DIR="off")
+    import torch
+    import torch._inductor.config as inductor_config
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    import rocm_autopatch
+
+    def graphs() -> list:
+        return rocm_autopatch.report().verify.get("graphs", [])
+
+    def said(g: Dict[str, Any]) -> Dict[str, Any]:
+        return {"status": g["status"], "reason": g.get("reason", "")[:200],
+                "precision": (g.get("judge") or {}).get("reference_precision")}
+
+    wanted = ("torch.ops.aten._efficient_attention_forward",
+              "torch.ops.aten._flash_attention_forward")
+    samples = []
+    for op in (o for o in op_db if o.name in wanted):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            if dtype not in op.supported_dtypes("cuda"):
+                continue
+            for sample in list(op.sample_inputs("cuda", dtype, requires_grad=False))[:2]:
+                torch._dynamo.reset()
+                before = len(graphs())
+
+                def call(x: Any, *a: Any, _op: Any = op, _kw: Any = sample.kwargs) -> Any:
+                    return _op(x, *a, **_kw)
+
+                with torch.no_grad():
+                    torch.compile(call)(sample.input, *sample.args)
+                samples += [{"op": op.name.rsplit(".", 1)[-1], "dtype": str(dtype)[6:],
+                             **said(g)} for g in graphs()[before:]]
+
+    def efficient(q: Any, k: Any, v: Any) -> Any:
+        return torch.ops.aten._efficient_attention_forward(
+            q, k, v, None, None, None, None, None, 0.0, 0)[0].cos()
+
+    def flash(q: Any, k: Any, v: Any) -> Any:
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, q.shape[1], k.shape[1], 0.0, False, False)[0].cos()
+
+    around: Dict[str, Any] = {}
+    inductor_config.force_disable_caches = True  # the pass below is in no cache key
+    for name, fn, dtype in (("efficient_float32", efficient, torch.float32),
+                            ("flash_bfloat16", flash, torch.bfloat16)):
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(2, 64, 4, 64, device="cuda", dtype=dtype, generator=gen)
+                   for _ in range(3))
+        for label in ("healthy", "wrong"):
+            inductor_config.post_grad_custom_post_pass = _cos_wrong if label == "wrong" \
+                else None
+            torch._dynamo.reset()
+            before = len(graphs())
+            with torch.no_grad():
+                torch.compile(fn)(q, k, v)
+            around[f"{name}_{label}"] = [said(g) for g in graphs()[before:]]
+    inductor_config.post_grad_custom_post_pass = None
+    return {"samples": samples, "around": around}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -610,6 +688,7 @@ SCENARIOS: Dict[str, tuple] = {
     "capture_gives_way": (capture_gives_way, {"ROCM_AUTOPATCH": "force"}),
     "deferred_verdicts": (deferred_verdicts, {"ROCM_AUTOPATCH": "force",
                                               "ROCM_AUTOPATCH_VERIFY": "check"}),
+    "narrowed_attention": (narrowed_attention, {"ROCM_AUTOPATCH": "force"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
 }

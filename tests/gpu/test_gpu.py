@@ -163,3 +163,21 @@ def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: d
                            "checks_read_later": calls - 1}, ended
         assert ended["before_exit"]["calls_checked"] == calls - 1  # one not read yet
         assert "1 passed" in ended["verdict_line"][0]
+
+
+def test_torchs_attention_kernels_are_checked_with_a_narrower_reference(results: dict) -> None:
+    """issue 43, item 5: op_db's attention kernels (no float64 kernel) were every sample's
+    one skip on an H200; now each is checked, its reference running the kernel in float32
+    (efficient) or in the sample's own dtype (flash), and none judged wrong; a miscompile
+    around each is caught, the healthy graph passes."""
+    got = results["narrowed_attention"]
+    samples = got["samples"]
+    assert samples and all(s["status"] == "passed" for s in samples), samples
+    for s in samples:
+        narrowed = "float32" if s["op"] == "_efficient_attention_forward" else s["dtype"]
+        assert s["precision"].endswith(f"in {narrowed} (no float64 kernel)"), s
+        assert s["op"] in s["precision"], s
+    around = got["around"]
+    for name in ("efficient_float32", "flash_bfloat16"):
+        assert [g["status"] for g in around[f"{name}_healthy"]] == ["passed"], around
+        assert [g["status"] for g in around[f"{name}_wrong"]] == ["failed"], around

@@ -128,17 +128,49 @@ def test_outputs_that_are_uninitialised_memory_are_not_compared() -> None:
                       backend=backend)(torch.ones(4))
     finally:
         torch._dynamo.reset()
-    empty = numerics.uninitialised_outputs(captured[0])
+    why = numerics.outputs_not_compared(captured[0])
     # empty_permuted: judged wrong in fp16 in the whole op_db on an H200 before it was named
-    assert empty == {0: "empty_like", 2: "new_empty", 3: "empty_permuted"}
+    assert why == {i: f"uninitialised memory ({op})" for i, op in (
+        (0, "empty_like"), (2, "new_empty"), (3, "empty_permuted"))}
     a, b = torch.full((256,), 7.0), torch.full((256,), -3.0)
-    why = {i: f"uninitialised memory ({op})" for i, op in empty.items()}
     found = judge.compare([a] * 4, [b, a, b, b], [a.double()] * 4, judge.TOL_FORWARD, skip=why)
     assert found.bad == [] and found.stats["not_compared"] == {
         "0": "uninitialised memory (empty_like)", "2": "uninitialised memory (new_empty)",
         "3": "uninitialised memory (empty_permuted)"}
     assert [m.index for m in judge.compare([a, a], [b, a], [a.double()] * 2,
                                            judge.TOL_FORWARD).bad] == [0]
+
+
+def test_the_generator_state_an_attention_kernel_returns_is_not_compared() -> None:
+    """torch's attention kernels are seeded and return the generator's seed and offset
+    even where their dropout is 0 (every op_db sample of ``_efficient_attention_forward``
+    and ``_flash_attention_forward`` was judged wrong on an H200 for them, once their
+    reference could run): those outputs are named and not compared; the attention output
+    and an integer output of an unseeded op are. (The graph is built, not run: the kernels
+    have no CPU implementation.)"""
+    torch = pytest.importorskip("torch")
+    import operator
+
+    from rocm_autopatch.sentinel.runs import numerics
+
+    graph = torch.fx.Graph()
+    q, k, v, x = (graph.placeholder(n) for n in "qkvx")
+    attention = graph.call_function(torch.ops.aten._scaled_dot_product_efficient_attention
+                                    .default, (q, k, v, None, False))
+    flash = graph.call_function(torch.ops.aten._flash_attention_forward,
+                                (q, k, v, None, None, 4, 4, 0.0, False, False))
+    picked = [graph.call_function(operator.getitem, (attention, i)) for i in range(4)]
+    picked += [graph.call_function(operator.getitem, (flash, i)) for i in (2, 3)]
+    picked.append(graph.call_function(torch.ops.aten.argmax.default, (x,)))
+    graph.output(tuple(picked))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert numerics.outputs_not_compared(gm) == {
+        2: "the random generator's state that _scaled_dot_product_efficient_attention "
+           "returns (philox_seed)",
+        3: "the random generator's state that _scaled_dot_product_efficient_attention "
+           "returns (philox_offset)",
+        4: "the random generator's state that _flash_attention_forward returns (rng_state)",
+        5: "the random generator's state that _flash_attention_forward returns (unused)"}
 
 
 def test_a_scalar_input_keeps_its_value_for_the_analysis_and_is_never_written() -> None:

@@ -215,7 +215,7 @@ def test_a_float32_erf_within_its_documented_bound_is_not_a_miscompile() -> None
     compiled = (f + unit * noise.clamp(-2.4, 2.4) * 0.6).float()
     gm = torch.fx.symbolic_trace(lambda t: torch.erf(t))
     allowed = judge.Allowance(*allowance.ulps(op_names(gm)))
-    assert allowed == (4.0, "erf")
+    assert allowed[:2] == (4.0, "erf") and allowed.narrowest is None
     assert judge.compare([eager], [compiled], [f], judge.TOL_FORWARD).bad  # before
     assert not judge.compare([eager], [compiled], [f], judge.TOL_FORWARD,
                              allowed=allowed).bad

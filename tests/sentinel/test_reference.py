@@ -209,3 +209,103 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     with pytest.raises(RuntimeError, match="allocate") as raised:
         compare.reference_runs(graph, flat, pre)
     assert memory.out_of_memory(raised.value) and graph.inference_mode
+
+
+def _grouped(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """torch's grouped GEMM with its float64 stand-in taken away: a real ATen op with no
+    float64 kernel on this CPU ("Expected mat_a to be Float32, BFloat16 or Float16")."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no grouped GEMM")
+    from rocm_autopatch.sentinel.runs import stand_ins
+
+    monkeypatch.setattr(stand_ins, "STAND_INS", {})
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 16, generator=gen, dtype=torch.bfloat16)
+    b = torch.randn(2, 16, 8, generator=gen, dtype=torch.bfloat16)
+    return torch, a, b, torch.tensor([3, 8], dtype=torch.int32)
+
+
+def test_an_op_without_a_float64_kernel_runs_in_float32_and_the_rest_in_float64(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first rewritten run fails, finds the op and says to run again (it may have
+    written inputs); from then on the op runs in float32 and the rest of the graph in
+    float64, rewritten and interpreted alike."""
+    torch, a, b, offs = _grouped(monkeypatch)
+    from rocm_autopatch.sentinel.runs import reference
+
+    def f(a: Any, b: Any, offs: Any) -> Any:
+        return torch._grouped_mm(a, b, offs=offs).sin() * 2
+
+    with pytest.raises(RuntimeError, match="Double"):
+        torch._grouped_mm(a.double(), b.double(), offs=offs)  # what the stand-in covered
+    gm = dynamo_graph(f, a, b, offs)
+    run = reference.Fp64Run(gm, [])
+    with pytest.raises(reference.Narrowed, match="in float32"):
+        run([a, b, offs], None)
+    (name, dtype), = run.narrowed.items()
+    assert "grouped_mm" in name and dtype == torch.float32
+    want = torch._grouped_mm(a.float(), b.float(), offs=offs).double().sin() * 2
+    (out,) = run([a, b, offs], None)  # a Dynamo graph returns a tuple
+    assert out.dtype == torch.float64 and torch.equal(out, want)
+    run.module = None  # the interpreter (graphs that call modules, forced choices)
+    assert torch.equal(run([a, b, offs], None)[0], want)
+
+
+def test_a_check_through_a_narrowed_op_advances_state_once_and_still_catches_a_bug(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The whole check: the state the graph writes advances once (the failed run's writes
+    are thrown away), the healthy graph passes and its record says which op ran narrower;
+    a wrong compiled graph is still judged wrong: its bf16 values are coarser than the
+    float32 the op ran in, so all the judge's rules hold them to the reference."""
+    torch, a, b, offs = _grouped(monkeypatch)
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+
+    def f(cache: Any, a: Any, b: Any, offs: Any) -> Any:
+        cache.add_(1)
+        return torch._grouped_mm(a, b, offs=offs).sin() + cache
+
+    def wrong(cache: Any, a: Any, b: Any, offs: Any) -> Any:
+        return f(cache, a, b, offs) * 1.05
+
+    entries = {}
+    for name, compiled in (("healthy", f), ("wrong", wrong)):
+        cache = torch.zeros(8, 8, dtype=a.dtype)
+        args = (cache, a, b, offs)
+        gm = dynamo_graph(f, torch.zeros_like(cache), a, b, offs)
+        graph = Graph(gm, compiled, "t/0", "test", "check", 1, 0.01)
+        with torch.no_grad():
+            check.call(graph, args, {})
+        assert torch.equal(cache, torch.ones_like(cache)), name  # once
+        entries[name] = graph.entry
+        said = capsys.readouterr().err
+        assert ("computes wrong numbers" in said) is (name == "wrong"), (name, said)
+    healthy = entries["healthy"]
+    assert healthy["status"] == "passed", healthy
+    assert healthy["judge"]["reference_precision"].startswith("_grouped_mm in float32")
+    assert entries["wrong"]["status"] == "failed"
+
+
+def test_values_no_finer_than_a_narrowed_op_are_held_to_torchs_criterion_alone() -> None:
+    """A float32 value 3 rounding units off float64 throughout (eager: its own rounding)
+    breaks our bias rule, which torch's criterion does not see. Where an op of the
+    reference ran in float32, the reference is no finer than the value: only torch's
+    criterion judges it; where the op ran in float32 and the value is bf16, every rule."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.judging import judge
+
+    truth = torch.randn(4096, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    eager = truth.float()
+    compiled = (truth * (1 + 3 * torch.finfo(torch.float32).eps)).float()
+    narrowed = judge.Allowance(0.0, "", torch.float32, "_grouped_mm in float32")
+    (bad,) = judge.compare([eager], [compiled], [truth], judge.TOL_FORWARD).bad
+    assert bad.rule == "systematic" and bad.torch_ok
+    assert judge.compare([eager], [compiled], [truth], judge.TOL_FORWARD,
+                         allowed=narrowed).bad == []
+    coarse = (truth * 1.05).bfloat16()  # a 5% bug in a bf16 value: still caught
+    (bad,) = judge.compare([truth.bfloat16()], [coarse], [truth], judge.TOL_FORWARD,
+                           allowed=narrowed).bad
+    assert bad.index == 0

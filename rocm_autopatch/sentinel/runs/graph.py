@@ -124,6 +124,19 @@ class Graph:
         return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
                                    self.names)(*inputs)
 
+    @property
+    def narrowest(self) -> Tuple[Any, str]:
+        """The coarsest precision an op of its float64 run ran in, having no float64 kernel
+        (None where none did), and which ops ran narrower, in words (``reference``)."""
+        narrowed = self._fp64.narrowed if "_fp64" in self.__dict__ else {}
+        if not narrowed:
+            return None, ""
+        nodes = {n.name: n for n in self.gm.graph.nodes}
+        said = {f"{numerics.node_name(nodes[name])} in {str(dtype).split('.')[-1]}": None
+                for name, dtype in narrowed.items()}
+        coarsest = max(narrowed.values(), key=lambda d: reference.torch_eps(d))
+        return coarsest, ", ".join(said) + " (no float64 kernel)"
+
     @functools.cached_property
     def replays(self) -> replay.Replays:
         """Its references captured on the device, by shape (``replay``)."""
@@ -139,8 +152,9 @@ class Graph:
         return choices.find(self.gm)
 
     @functools.cached_property
-    def uninitialised(self) -> Dict[int, str]:
-        return numerics.uninitialised_outputs(self.gm)
+    def not_compared(self) -> Dict[int, str]:
+        """{output index: why} for its outputs that are not values it computes."""
+        return numerics.outputs_not_compared(self.gm)
 
     @functools.cached_property
     def allowed(self) -> Tuple[float, str]:

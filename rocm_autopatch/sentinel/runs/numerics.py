@@ -309,17 +309,47 @@ _UNINITIALISED = ("empty", "empty_like", "empty_permuted", "new_empty", "empty_s
                   "new_empty_strided")
 
 
-def uninitialised_outputs(gm: torch.fx.GraphModule) -> Dict[int, str]:
-    """{output index: the op} for outputs that are uninitialised memory (``torch.empty``
-    and its kin, returned as they are): never compared, and said so."""
+def outputs_not_compared(gm: torch.fx.GraphModule) -> Dict[int, str]:
+    """{output index: why} for outputs that are not values the graph computes, never
+    compared and said so: uninitialised memory (``torch.empty`` and its kin, returned as
+    they are) and the random generator's state a seeded op returns (the seed and offset
+    that torch's attention kernels return even where their dropout is 0 and nothing is
+    drawn: each call reads the generator anew)."""
     try:
         (out,) = [n for n in gm.graph.nodes if n.op == "output"]
-        return {i: node_name(node) for i, node in enumerate(leaves(out.args[0]))
-                if isinstance(node, torch.fx.Node) and node.op in ("call_function",
-                                                                   "call_method")
-                and node_name(node) in _UNINITIALISED}
+        found: Dict[int, str] = {}
+        for i, node in enumerate(leaves(out.args[0])):
+            if not (isinstance(node, torch.fx.Node) and node.op in ("call_function",
+                                                                     "call_method")):
+                continue
+            if node_name(node) in _UNINITIALISED:
+                found[i] = f"uninitialised memory ({node_name(node)})"
+            state = _generator_state(node)
+            if state:
+                found[i] = state
+        return found
     except Exception:  # noqa: BLE001 - then every output is compared
         return {}
+
+
+def _generator_state(node: torch.fx.Node) -> str:
+    """For ``node = op(...)[k]``, where ``op`` is seeded and its k-th return is the
+    generator's state (named for a seed, an offset or an RNG state in its schema, or
+    ``unused``: flash attention's, which holds the offset in torch 2.11), what it is, in
+    words; "" otherwise."""
+    import operator
+
+    if node.target is not operator.getitem or not isinstance(node.args[0], torch.fx.Node):
+        return ""
+    op, k = node.args[0].target, node.args[1]
+    op = getattr(op, "default", op)  # an overload packet's schema: its default's
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()) or not isinstance(
+            k, int) or k >= len(op._schema.returns):
+        return ""
+    name = op._schema.returns[k].name or ""
+    if not any(word in name for word in ("seed", "offset", "rng", "unused")):
+        return ""
+    return f"the random generator's state that {node_name(node.args[0])} returns ({name})"
 
 
 _CASTS = ("float", "double", "half", "bfloat16", "to", "type", "_to_copy",

@@ -5,8 +5,11 @@ as they are (autocast never casts float64). The judge measures compiled and eage
 it; the values of the nodes it is asked to keep (argmax's and comparisons' operands) are
 kept.
 
-An op with no float64 kernel (a grouped GEMM) runs its exact float64 stand-in
-(``stand_ins``).
+An op with no float64 kernel runs its exact float64 stand-in where it has one (a grouped
+GEMM, ``stand_ins``), else in the highest precision it has a kernel for (float32, then
+bfloat16, then float16: ``narrowed``), learnt at the first run that fails, its outputs cast
+back to float64; the rest of the graph keeps its float64 truth, and the judge knows which
+values that reference cannot hold to more than their own precision (``judge``).
 
 The graph is rewritten once into that form (a cast before each floating use), and the
 rewritten code runs as Python, as the graph's own does: an FX interpreter pays tens of
@@ -21,13 +24,30 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.fx
 
-from rocm_autopatch.sentinel.runs import stand_ins
+from rocm_autopatch.sentinel.runs import memory, stand_ins
 
 _FLOAT_UP = {torch.float16: torch.float64, torch.bfloat16: torch.float64,
              torch.float32: torch.float64, torch.complex32: torch.complex128,
              torch.complex64: torch.complex128}
 _LOW_PRECISION_METHODS = {"float": "double", "half": "double", "bfloat16": "double"}
+# What an op with no float64 kernel runs in instead, most precise first; after float32 the
+# op's own dtype (float16 keeps more digits than bfloat16 but overflows past 65504, so
+# where the op's own is neither, bfloat16 goes first).
+NARROWER = (torch.float32, torch.bfloat16, torch.float16)
+_DOWN = {torch.float32: {torch.float64: torch.float32, torch.complex128: torch.complex64},
+         torch.bfloat16: {torch.float64: torch.bfloat16},
+         torch.float16: {torch.float64: torch.float16}}
 
+
+def torch_eps(dtype: torch.dtype) -> float:
+    """A floating dtype's rounding unit (what orders the precisions)."""
+    return float(torch.finfo(dtype).eps)
+
+
+class Narrowed(Exception):
+    """A float64 run met an op with no float64 kernel: from now on that op runs in the
+    highest precision it has. The run stopped part-way, and may have written the inputs it
+    writes, so the caller runs it again on fresh ones."""
 
 
 def _up(value: Any) -> Any:
@@ -62,13 +82,46 @@ def _upcast_uses(node: torch.fx.Node) -> bool:
             and "autocast" not in str(node.target))
 
 
-def _float64_target(op: str, target: Any) -> Any:
+def in_precision(target: Any, dtype: torch.dtype) -> Callable[..., Any]:
+    """``target`` called with its float64 inputs (and float64 dtype arguments) narrowed to
+    ``dtype``, its floating outputs cast back to float64."""
+    down = _DOWN[dtype]
+
+    def narrow(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dtype in down:
+            return value.to(down[value.dtype])
+        return down.get(value, value) if isinstance(value, torch.dtype) else value
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _map(_up, target(*_map(narrow, args), **_map(narrow, kwargs)))
+
+    # the rewritten graph's code names it: ``<op>_in_float32``
+    run.__name__ = f"{getattr(target, '__name__', 'op')}_in_{str(dtype).split('.')[-1]}"
+    run.__qualname__ = run.__name__
+    return run
+
+
+def _precisions(node: torch.fx.Node) -> List[torch.dtype]:
+    """The precisions to try ``node``'s op in, most precise first: float32, the floating
+    dtypes its inputs had in the program (Dynamo's ``example_value``, AOT's ``val``), then
+    the rest of ``NARROWER``."""
+    own = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("example_value", arg.meta.get("val"))
+        if isinstance(value, torch.Tensor) and value.dtype in _DOWN:
+            own.append(value.dtype)
+    return list(dict.fromkeys([torch.float32, *own, *NARROWER]))
+
+
+def _float64_target(op: str, target: Any, narrower: Optional[torch.dtype] = None) -> Any:
     """What a node calls in the float64 run: a method named for a narrow dtype calls the
-    float64 one; an op with no float64 kernel calls its exact stand-in (``stand_ins``)."""
+    float64 one; an op with no float64 kernel calls its exact stand-in (``stand_ins``), or
+    itself in ``narrower``, the highest precision it has (learnt: ``Fp64Run.narrowed``)."""
     if op == "call_method":
         return _LOW_PRECISION_METHODS.get(target, target)
     if op == "call_function":
-        return stand_ins.for_target(target)
+        return in_precision(target, narrower) if narrower is not None \
+            else stand_ins.for_target(target)
     return target
 
 
@@ -77,11 +130,13 @@ class _Fp64Interpreter(torch.fx.Interpreter):
     float64 values of the nodes in ``keep`` (what the judge needs)."""
 
     def __init__(self, gm: torch.fx.GraphModule, keep: Any = (),
-                 forced: Optional[Dict[Any, Callable[[Any], Any]]] = None) -> None:
+                 forced: Optional[Dict[Any, Callable[[Any], Any]]] = None,
+                 narrowed: Optional[Dict[str, torch.dtype]] = None) -> None:
         super().__init__(gm)
         self.keep = set(keep)
         self.kept: Dict[Any, Any] = {}
         self.forced = forced or {}  # node: what it returns, from the interpreter's values
+        self.narrowed = narrowed if narrowed is not None else {}  # node name: its precision
 
     def run_node(self, n: torch.fx.Node) -> Any:
         value = self.forced[n](self) if n in self.forced else self._run_node(n)
@@ -96,18 +151,33 @@ class _Fp64Interpreter(torch.fx.Interpreter):
         target = n.target
         if _upcast_uses(n):
             args, kwargs = _map(_up, args), _map(_up, kwargs)
-        target = _float64_target(n.op, target)
+        target = _float64_target(n.op, target, self.narrowed.get(n.name))
         if n.op == "call_module":
             from torch.func import functional_call
 
             module = self.fetch_attr(target)
             state = {k: _up(v) for k, v in module.state_dict(keep_vars=True).items()}
             return functional_call(module, state, tuple(args), kwargs)
-        return getattr(self, n.op)(target, args, kwargs)
+        try:
+            return getattr(self, n.op)(target, args, kwargs)
+        except Exception as exc:
+            # An op with no float64 kernel refuses before it computes (a dtype check), so
+            # the node can run again narrower; one with a stand-in keeps its refusal.
+            if (n.op != "call_function" or target is not n.target or n.name in self.narrowed
+                    or memory.out_of_memory(exc)):
+                raise
+            for dtype in _precisions(n):
+                try:
+                    value = in_precision(n.target, dtype)(*args, **kwargs)
+                except Exception:  # noqa: BLE001 - not this precision either
+                    continue
+                self.narrowed[n.name] = dtype
+                return value
+            raise
 
 
-def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]
-               ) -> Optional[torch.fx.GraphModule]:
+def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node],
+               narrowed: Dict[str, torch.dtype]) -> Optional[torch.fx.GraphModule]:
     """``gm``'s graph with each floating use cast to float64 (what the interpreter does
     node by node), returning ``(output, [the kept nodes' values])``; None where it calls
     modules."""
@@ -126,7 +196,7 @@ def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]
                 return graph.call_function(_up, (env[a],)) if isinstance(a, torch.fx.Node) \
                     else _up(a)
 
-            target = _float64_target(node.op, node.target)
+            target = _float64_target(node.op, node.target, narrowed.get(node.name))
             env[node] = graph.create_node(node.op, target, map_aggregate(node.args, up),
                                           map_aggregate(node.kwargs, up), name=node.name)
         else:
@@ -140,20 +210,46 @@ class Fp64Run:
     def __init__(self, gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]) -> None:
         self.gm = gm
         self.keep = list(dict.fromkeys(keep))
-        self.module = _rewritten(gm, self.keep)
+        # the nodes run narrower, having no float64 kernel: {node name: dtype}
+        self.narrowed: Dict[str, torch.dtype] = {}
+        self.module = _rewritten(gm, self.keep, self.narrowed)
+
+    def _learn(self, args: List[Any]) -> bool:
+        """After the rewritten run failed: run the graph op by op on ``args`` (its values
+        are not used) to find the ops that have no float64 kernel; True where it found new
+        ones (the graph is rewritten with them narrowed)."""
+        known = dict(self.narrowed)
+        try:
+            _Fp64Interpreter(self.gm, (), None, self.narrowed).run(*args)
+        except Exception:  # noqa: BLE001 - another cause: the first failure is what to say
+            pass
+        if self.narrowed == known:
+            return False
+        self.module = _rewritten(self.gm, self.keep, self.narrowed)
+        return True
 
     def __call__(self, args: List[Any], kept: Optional[Dict[Any, Any]],
                  forced: Optional[Dict[Any, Callable[[Any], Any]]] = None) -> Any:
         """The float64 output; the kept nodes' values go to ``kept`` (if given); the nodes
         in ``forced`` return what it says instead of running (a choice taken one way)."""
         if self.module is None or forced:
-            interpreter = _Fp64Interpreter(self.gm, self.keep, forced)
+            known = len(self.narrowed)
+            interpreter = _Fp64Interpreter(self.gm, self.keep, forced, self.narrowed)
             out = interpreter.run(*args)
             values = [interpreter.kept[n] for n in self.keep]
+            if len(self.narrowed) != known and self.module is not None:
+                self.module = _rewritten(self.gm, self.keep, self.narrowed)
         else:
-            # The rewritten code runs with ``gm`` as ``self``: what gm holds, and what a
-            # reparametrisation of gm swaps in for the call, is what its ``get_attr``s read.
-            out, values = type(self.module).forward(self.gm, *args)
+            try:
+                # The rewritten code runs with ``gm`` as ``self``: what gm holds, and what a
+                # reparametrisation of gm swaps in for the call, is what its ``get_attr``s
+                # read.
+                out, values = type(self.module).forward(self.gm, *args)
+            except Exception as exc:
+                if memory.out_of_memory(exc) or not self._learn(list(args)):
+                    raise
+                raise Narrowed(", ".join(f"{name} in {str(dtype).split('.')[-1]}" for
+                                         name, dtype in self.narrowed.items())) from exc
         if kept is not None:
             kept.update(zip(self.keep, values))
         return out
