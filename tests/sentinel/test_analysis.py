@@ -142,12 +142,12 @@ def test_outputs_that_are_uninitialised_memory_are_not_compared() -> None:
 
 
 def test_the_generator_state_an_attention_kernel_returns_is_not_compared() -> None:
-    """torch's attention kernels are seeded and return the generator's seed and offset
-    even where their dropout is 0 (every op_db sample of ``_efficient_attention_forward``
-    and ``_flash_attention_forward`` was judged wrong on an H200 for them, once their
-    reference could run): those outputs are named and not compared; the attention output
-    and an integer output of an unseeded op are. (The graph is built, not run: the kernels
-    have no CPU implementation.)"""
+    """torch's attention kernels are seeded and return the generator's seed and offset,
+    left uninitialised where their dropout is 0 (every op_db sample of
+    ``_efficient_attention_forward`` and ``_flash_attention_forward`` was judged wrong on
+    an H200 for them, once their reference could run): those outputs are named and not
+    compared; the attention output and an integer output of an unseeded op are. (The
+    graph is built, not run: the kernels have no CPU implementation.)"""
     torch = pytest.importorskip("torch")
     import operator
 
@@ -164,13 +164,13 @@ def test_the_generator_state_an_attention_kernel_returns_is_not_compared() -> No
     picked.append(graph.call_function(torch.ops.aten.argmax.default, (x,)))
     graph.output(tuple(picked))
     gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    state = "the random generator's state that {} returns ({}; uninitialised where " \
+            "nothing is drawn)"
     assert numerics.outputs_not_compared(gm) == {
-        2: "the random generator's state that _scaled_dot_product_efficient_attention "
-           "returns (philox_seed)",
-        3: "the random generator's state that _scaled_dot_product_efficient_attention "
-           "returns (philox_offset)",
-        4: "the random generator's state that _flash_attention_forward returns (rng_state)",
-        5: "the random generator's state that _flash_attention_forward returns (unused)"}
+        2: state.format("_scaled_dot_product_efficient_attention", "philox_seed"),
+        3: state.format("_scaled_dot_product_efficient_attention", "philox_offset"),
+        4: state.format("_flash_attention_forward", "rng_state"),
+        5: state.format("_flash_attention_forward", "unused")}
 
 
 def test_a_scalar_input_keeps_its_value_for_the_analysis_and_is_never_written() -> None:

@@ -126,8 +126,9 @@ class Graph:
 
     @property
     def narrowest(self) -> Tuple[Any, str]:
-        """The coarsest precision an op of its float64 run ran in, having no float64 kernel
-        (None where none did), and which ops ran narrower, in words (``reference``)."""
+        """The coarsest precision an op of its float64 run ran in, its float64 call having
+        failed (None where none did), and which ops ran narrower, in words
+        (``reference``)."""
         narrowed = self._fp64.narrowed if "_fp64" in self.__dict__ else {}
         if not narrowed:
             return None, ""
@@ -135,7 +136,7 @@ class Graph:
         said = {f"{numerics.node_name(nodes[name])} in {str(dtype).split('.')[-1]}": None
                 for name, dtype in narrowed.items()}
         coarsest = max(narrowed.values(), key=lambda d: reference.torch_eps(d))
-        return coarsest, ", ".join(said) + " (no float64 kernel)"
+        return coarsest, ", ".join(said) + " (its float64 call failed)"
 
     @functools.cached_property
     def replays(self) -> replay.Replays:

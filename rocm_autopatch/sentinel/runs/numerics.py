@@ -312,9 +312,11 @@ _UNINITIALISED = ("empty", "empty_like", "empty_permuted", "new_empty", "empty_s
 def outputs_not_compared(gm: torch.fx.GraphModule) -> Dict[int, str]:
     """{output index: why} for outputs that are not values the graph computes, never
     compared and said so: uninitialised memory (``torch.empty`` and its kin, returned as
-    they are) and the random generator's state a seeded op returns (the seed and offset
-    that torch's attention kernels return even where their dropout is 0 and nothing is
-    drawn: each call reads the generator anew)."""
+    they are) and the random generator's state a seeded op returns: torch's attention
+    kernels return a seed and an offset that they leave uninitialised where their dropout
+    is 0 (``aten/src/ATen/native/transformers/cuda/attention.cu``, "Not using dropout":
+    ``seed_t = at::empty({}, ...)``; ``flash_attn/flash_api.cpp`` ``mha_fwd``:
+    ``rng_state = at::empty({2}, ...)``, filled only where ``p_dropout > 0``)."""
     try:
         (out,) = [n for n in gm.graph.nodes if n.op == "output"]
         found: Dict[int, str] = {}
@@ -335,8 +337,8 @@ def outputs_not_compared(gm: torch.fx.GraphModule) -> Dict[int, str]:
 def _generator_state(node: torch.fx.Node) -> str:
     """For ``node = op(...)[k]``, where ``op`` is seeded and its k-th return is the
     generator's state (named for a seed, an offset or an RNG state in its schema, or
-    ``unused``: flash attention's, which holds the offset in torch 2.11), what it is, in
-    words; "" otherwise."""
+    ``unused``: flash attention's, an ``at::empty`` beside it), what it is, in words; ""
+    otherwise."""
     import operator
 
     if node.target is not operator.getitem or not isinstance(node.args[0], torch.fx.Node):
@@ -349,7 +351,8 @@ def _generator_state(node: torch.fx.Node) -> str:
     name = op._schema.returns[k].name or ""
     if not any(word in name for word in ("seed", "offset", "rng", "unused")):
         return ""
-    return f"the random generator's state that {node_name(node.args[0])} returns ({name})"
+    return (f"the random generator's state that {node_name(node.args[0])} returns ({name}; "
+            "uninitialised where nothing is drawn)")
 
 
 _CASTS = ("float", "double", "half", "bfloat16", "to", "type", "_to_copy",
