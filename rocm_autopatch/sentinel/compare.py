@@ -234,6 +234,15 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
 Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled, float64
 
 
+# On a GPU, inputs of one shape are compared and gathered stacked, this many bytes of one
+# kind at a time: one launch per chunk, not per input (an 8B Llama's decode step writes 64
+# caches: 5.7 ms one by one, 2.6 stacked, on an H200; BENCHMARKS.md), its temporaries
+# bounded. On the CPU a launch costs little and the stack's copy is all cost (64 small
+# caches: 10 ms one by one, 32 stacked, on the 2-core CI machine): one by one there.
+STACK_BYTES = 1 << 26
+STACK_ON_CPU = False
+
+
 def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
     """Written inputs as the judge sees them: the elements that eager or compiled changed,
     flattened (the rest is the state before the call in both, and judging it would dilute
@@ -242,8 +251,6 @@ def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
     at the elements any of them changed, found with one synchronisation (a decode step's
     16 caches, written at the same position: one, not 16). Where everything or nothing
     changed, the whole inputs."""
-    import torch
-
     found: List[Any] = [None] * len(items)
     groups: Dict[Any, List[int]] = {}
     for k, item in enumerate(items):
@@ -252,20 +259,67 @@ def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
         else:
             found[k] = item[1:]
     for ks in groups.values():
-        changed = None
-        for k in ks:  # in place: two ops a value (a decode check is Python-bound)
-            before, eager, compiled, _ = items[k]
-            if changed is None:
-                changed = eager != before
-            else:
-                changed |= eager != before
-            changed |= compiled != before
+        changed = _changed([items[k] for k in ks])
         where = changed.flatten().nonzero().squeeze(1)
-        whole = where.numel() in (0, changed.numel())
-        for k in ks:  # ``take`` indexes the elements in order, whatever the strides
-            found[k] = items[k][1:] if whole else tuple(torch.take(x, where)
-                                                        for x in items[k][1:])
+        if where.numel() in (0, changed.numel()):
+            for k in ks:
+                found[k] = items[k][1:]
+            continue
+        kinds = [_taken([items[k][kind] for k in ks], where) for kind in (1, 2, 3)]
+        for k, taken in zip(ks, zip(*kinds)):
+            found[k] = taken
     return found
+
+
+def _step(tensor: Any) -> int:
+    """How many tensors like ``tensor`` a stack of at most ``STACK_BYTES`` holds (1: none
+    stacked)."""
+    if tensor.device.type == "cpu" and not STACK_ON_CPU:
+        return 1
+    return max(1, STACK_BYTES // max(1, tensor.numel() * tensor.element_size()))
+
+
+def _chunks(tensors: List[Any]) -> List[List[Any]]:
+    """``tensors`` (alike in shape and dtype) in runs of at most ``STACK_BYTES`` each."""
+    step = _step(tensors[0])
+    return [tensors[i:i + step] for i in range(0, len(tensors), step)]
+
+
+def _changed(items: List[Written]) -> Any:
+    """Where eager or compiled differs from the state before, in any of ``items`` (alike
+    in shape and dtype): a bool tensor of one item's shape, in its logical order."""
+    import torch
+
+    changed = None
+    step = _step(items[0][0])
+    for start in range(0, len(items), step):
+        part = items[start:start + step]
+        if len(part) == 1:
+            before, eager, compiled, _ = part[0]
+            here = eager != before
+            here |= compiled != before
+        else:
+            before = torch.stack([item[0] for item in part])
+            here = torch.stack([item[1] for item in part]) != before
+            here |= torch.stack([item[2] for item in part]) != before
+            here = here.any(0)
+        changed = here if changed is None else changed.logical_or_(here)
+    return changed
+
+
+def _taken(tensors: List[Any], where: Any) -> List[Any]:
+    """Each tensor's elements at ``where`` (flat indices, in logical order)."""
+    import torch
+
+    if len({t.dtype for t in tensors}) > 1:
+        return [torch.take(t, where) for t in tensors]
+    taken: List[Any] = []
+    for chunk in _chunks(tensors):
+        if len(chunk) == 1:
+            taken.append(torch.take(chunk[0], where))
+        else:
+            taken.extend(torch.stack(chunk).flatten(1).index_select(1, where).unbind(0))
+    return taken
 
 
 def _comparable(before: Any, eager: Any, compiled: Any, fp64: Any) -> bool:

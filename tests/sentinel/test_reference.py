@@ -155,6 +155,51 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     assert [m.index for m in verdict.bad] == [2]
 
 
+def test_caches_stacked_in_chunks_give_what_each_compared_alone_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU inputs of one shape are compared and gathered stacked, a few at a time (one
+    launch per chunk, not per input; stacking forced here, on the CPU): the regions are
+    those of the inputs taken one by one, in each input's own logical order whatever its
+    strides, for chunks of one, of several and of all, and one by one as on the CPU; a
+    float64 copy of another dtype is gathered alone."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel import compare
+
+    items = []
+    for layer in range(5):
+        before, exact = _cache()
+        eager, compiled, fp64 = before.clone(), before.clone(), before.double()
+        eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
+        fp64[:, :, 5:6] = exact
+        if layer == 1:
+            compiled = compiled.transpose(1, 3).contiguous().transpose(1, 3)
+        if layer == 3:
+            compiled[:, :, 9:10] += 1  # one written where no other was
+        if layer == 4:
+            fp64 = fp64.float()  # (not the float64 run's dtype: gathered alone)
+        items.append((before, eager, compiled, fp64))
+    monkeypatch.setattr(compare, "STACK_ON_CPU", True)  # (on the CPU: one by one)
+    union = _union(items)
+    assert union.numel() == 2 * 32  # positions 5 and 9 (any input's writes count)
+    size = items[0][0].numel() * items[0][0].element_size()
+    for chunk in (1, 2, 5, 0):  # one input a stack, two (and a last one alone), all; CPU
+        monkeypatch.setattr(compare, "STACK_BYTES", chunk * size)
+        monkeypatch.setattr(compare, "STACK_ON_CPU", chunk > 0)
+        regions = compare.written_regions(items)
+        for k, region in enumerate(regions):
+            want = [torch.take(x, union) for x in items[k][1:]]
+            assert all(a.dtype == b.dtype and torch.equal(a, b)
+                       for a, b in zip(region, want)), (chunk, k)
+
+
+def _union(items: List[Any]) -> Any:
+    changed = None
+    for before, eager, compiled, _ in items:
+        here = (eager != before) | (compiled != before)
+        changed = here if changed is None else changed | here
+    return changed.flatten().nonzero().squeeze(1)
+
+
 def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
     pytest.importorskip("torch")
     from rocm_autopatch.sentinel.compare import written_regions

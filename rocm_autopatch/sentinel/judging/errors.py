@@ -18,7 +18,10 @@ from typing import Any, Dict, List, NamedTuple, Tuple
 
 import torch
 
-BATCH_NUMEL = 1 << 16  # values up to this size are laid end to end with others...
+# Values up to this size are laid end to end with others (a decode step's logits, 128,256
+# elements for Llama 3's vocabulary, judged in one batch with its 64 cache regions: one
+# reduction batch and one transfer, not two)...
+BATCH_NUMEL = 1 << 18
 BATCH_ELEMENTS = 1 << 20  # ...up to this many elements a batch (its temporaries' bound)
 
 
