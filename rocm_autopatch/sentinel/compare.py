@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.sentinel.judging import choices, judge
-from rocm_autopatch.sentinel.runs import memory, numerics, reference
+from rocm_autopatch.sentinel.runs import footprint, memory, numerics, reference
 from rocm_autopatch.sentinel.runs.graph import Graph
 
 # Tied (choice, row) pairs, in the whole graph, up to which every way of taking them is
@@ -234,12 +234,12 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
 Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled, float64
 
 
-# On a GPU, inputs of one shape are compared and gathered stacked, this many bytes of one
-# kind at a time: one launch per chunk, not per input (an 8B Llama's decode step writes 64
-# caches: 5.7 ms one by one, 2.6 stacked, on an H200; BENCHMARKS.md), its temporaries
-# bounded. On the CPU a launch costs little and the stack's copy is all cost (64 small
-# caches: 10 ms one by one, 32 stacked, on the 2-core CI machine): one by one there.
-STACK_BYTES = 1 << 26
+# On a GPU, inputs of one shape are compared and gathered stacked, ``footprint.STACK_BYTES``
+# of one kind at a time: one launch per chunk, not per input (an 8B Llama's decode step
+# writes 64 caches: 5.7 ms one by one, 2.6 stacked, on an H200; BENCHMARKS.md), its
+# temporaries bounded and in the memory estimate. On the CPU a launch costs little and the
+# stack's copy is all cost (64 small caches: 10 ms one by one, 32 stacked, on the 2-core
+# CI machine): one by one there.
 STACK_ON_CPU = False
 
 
@@ -272,15 +272,15 @@ def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
 
 
 def _step(tensor: Any) -> int:
-    """How many tensors like ``tensor`` a stack of at most ``STACK_BYTES`` holds (1: none
-    stacked)."""
+    """How many tensors like ``tensor`` a stack of at most ``footprint.STACK_BYTES`` holds
+    (1: none stacked)."""
     if tensor.device.type == "cpu" and not STACK_ON_CPU:
         return 1
-    return max(1, STACK_BYTES // max(1, tensor.numel() * tensor.element_size()))
+    return max(1, footprint.STACK_BYTES // max(1, tensor.numel() * tensor.element_size()))
 
 
 def _chunks(tensors: List[Any]) -> List[List[Any]]:
-    """``tensors`` (alike in shape and dtype) in runs of at most ``STACK_BYTES`` each."""
+    """``tensors`` (alike in shape and dtype) in stacks of at most ``_step`` each."""
     step = _step(tensors[0])
     return [tensors[i:i + step] for i in range(0, len(tensors), step)]
 

@@ -164,6 +164,7 @@ def test_caches_stacked_in_chunks_give_what_each_compared_alone_gives(
     float64 copy of another dtype is gathered alone."""
     torch = pytest.importorskip("torch")
     from rocm_autopatch.sentinel import compare
+    from rocm_autopatch.sentinel.runs import footprint
 
     items = []
     for layer in range(5):
@@ -183,7 +184,7 @@ def test_caches_stacked_in_chunks_give_what_each_compared_alone_gives(
     assert union.numel() == 2 * 32  # positions 5 and 9 (any input's writes count)
     size = items[0][0].numel() * items[0][0].element_size()
     for chunk in (1, 2, 5, 0):  # one input a stack, two (and a last one alone), all; CPU
-        monkeypatch.setattr(compare, "STACK_BYTES", chunk * size)
+        monkeypatch.setattr(footprint, "STACK_BYTES", chunk * size)
         monkeypatch.setattr(compare, "STACK_ON_CPU", chunk > 0)
         regions = compare.written_regions(items)
         for k, region in enumerate(regions):

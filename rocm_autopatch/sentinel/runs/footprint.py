@@ -93,14 +93,19 @@ class Counter:
 # make float64 copies of the 65M-element logits). The factors keep the estimate above both.
 FP64_RUN_FACTOR = 3  # the float64 run's peak, over the values the fake run holds at once
 JUDGE_FACTOR = 26  # the judge's temporaries, in float64 copies of the outputs
+# On a GPU the judge compares and gathers the written inputs of one shape stacked, this
+# many bytes of one kind at a time (``sentinel/compare.py`` ``written_regions``): at most
+# four such stacks at once (before, eager, compiled and their comparison), and never more
+# than four times the state itself.
+STACK_BYTES = 1 << 26
 
 
 def reference_bytes(found: Footprint, state: int) -> int:
     """Memory a forward check may need at its peak, before anything is copied: the state the
     graph writes (``state`` bytes: kept, a copy for eager, one in float64); then the eager
     run at its peak, or, after it, its outputs with the compiled ones beside the float64 run
-    at its peak and one op's casts; and the judge's float64 temporaries."""
+    at its peak and one op's casts; and the judge's float64 temporaries and stacks."""
     after_eager = (2 * found.out_bytes + FP64_RUN_FACTOR * found.peak_fp64_bytes
                    + found.cast_fp64_bytes)
     return (6 * state + max(found.peak_bytes, after_eager)
-            + JUDGE_FACTOR * found.out_fp64_bytes)
+            + JUDGE_FACTOR * found.out_fp64_bytes + 4 * min(state, STACK_BYTES))
