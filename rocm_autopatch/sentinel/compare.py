@@ -142,7 +142,8 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                             res + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
                             judge.TOL_FORWARD, derived, skip=graph.not_compared,
-                            allowed=judge.Allowance(*graph.allowed, *graph.narrowest))
+                            allowed=judge.Allowance(*graph.allowed,
+                                                    *graph.narrowing(sorted(after))))
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
     if bad and graph.choices and ties:
@@ -218,7 +219,7 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
             with torch.inference_mode() if inference else torch.no_grad():
                 ref = graph.eager_run(*eager_inputs)
                 ref64 = graph.fp64_run(*inputs64, kept=kept)
-        except reference.Narrowed:  # an op without a float64 kernel, narrower from now on
+        except reference.RunAgain:  # op by op on fresh copies (an op without float64?)
             continue
         except Exception as exc:
             if not inference or memory.out_of_memory(exc):

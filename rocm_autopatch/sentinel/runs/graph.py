@@ -138,6 +138,27 @@ class Graph:
         coarsest = max(narrowed.values(), key=lambda d: reference.torch_eps(d))
         return coarsest, ", ".join(said) + " (its float64 call failed)"
 
+    def narrowing(self, written: List[int]) -> Tuple[Any, str, Any]:
+        """``narrowest``, and the values judged (the outputs, then the inputs ``written``,
+        by index) that an op run narrower reaches: its output feeds them, or a node it
+        feeds uses that input (a frozenset; None where no op ran narrower)."""
+        coarsest, said = self.narrowest
+        if coarsest is None:
+            return None, "", None
+        names = set(self._fp64.narrowed)
+        reached: set = set()
+        for node in self.gm.graph.nodes:  # in order: a node's inputs come before it
+            if node.name in names or any(a in reached for a in node.all_input_nodes):
+                reached.add(node)
+        (out,) = [n for n in self.gm.graph.nodes if n.op == "output"]
+        leaves = numerics.leaves(out.args[0])
+        found = {i for i, node in enumerate(leaves) if node in reached}
+        for j, i in enumerate(written):
+            users = self.placeholders[i].users if i < len(self.placeholders) else reached
+            if any(user in reached for user in users):
+                found.add(len(leaves) + j)
+        return coarsest, said, frozenset(found)
+
     @functools.cached_property
     def replays(self) -> replay.Replays:
         """Its references captured on the device, by shape (``replay``)."""

@@ -345,10 +345,12 @@ def _generator_state(node: torch.fx.Node) -> str:
         return ""
     op, k = node.args[0].target, node.args[1]
     op = getattr(op, "default", op)  # an overload packet's schema: its default's
-    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()) or not isinstance(
-            k, int) or k >= len(op._schema.returns):
+    try:
+        if torch.Tag.nondeterministic_seeded not in op.tags or k >= len(op._schema.returns):
+            return ""
+        name = op._schema.returns[k].name or ""
+    except Exception:  # noqa: BLE001 - no schema to read (not an ATen op): compared
         return ""
-    name = op._schema.returns[k].name or ""
     if not any(word in name for word in ("seed", "offset", "rng", "unused")):
         return ""
     return (f"the random generator's state that {node_name(node.args[0])} returns ({name}; "

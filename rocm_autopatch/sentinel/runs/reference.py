@@ -6,10 +6,12 @@ it; the values of the nodes it is asked to keep (argmax's and comparisons' opera
 kept.
 
 An op with no float64 kernel runs its exact float64 stand-in where it has one (a grouped
-GEMM, ``stand_ins``), else in the highest precision it has a kernel for (float32, then
-bfloat16, then float16: ``narrowed``), learnt at the first run that fails, its outputs cast
-back to float64; the rest of the graph keeps its float64 truth, and the judge knows which
-values that reference cannot hold to more than their own precision (``judge``).
+GEMM, ``stand_ins``), else in the highest precision it has a kernel for (float32, then its
+inputs' own dtype, bfloat16, float16: ``Fp64Run.narrowed``), learnt by an op-by-op run
+after the rewritten one fails, its outputs cast back to float64 (an op that writes its
+arguments is never narrowed); the rest of the graph keeps its float64 truth, and the judge
+knows which values that reference cannot hold to more than their own precision
+(``judge``).
 
 The graph is rewritten once into that form (a cast before each floating use), and the
 rewritten code runs as Python, as the graph's own does: an FX interpreter pays tens of
@@ -44,10 +46,10 @@ def torch_eps(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps)
 
 
-class Narrowed(Exception):
-    """A float64 run met an op with no float64 kernel: from now on that op runs in the
-    highest precision it has. The run stopped part-way, and may have written the inputs it
-    writes, so the caller runs it again on fresh ones."""
+class RunAgain(Exception):
+    """The rewritten float64 run failed (an op with no float64 kernel, or another cause):
+    it stopped part-way and may have written the inputs it writes, so the caller runs it
+    again on fresh copies; that run goes op by op and narrows what refuses float64."""
 
 
 def _up(value: Any) -> Any:
@@ -99,6 +101,15 @@ def in_precision(target: Any, dtype: torch.dtype) -> Callable[..., Any]:
     run.__name__ = f"{getattr(target, '__name__', 'op')}_in_{str(dtype).split('.')[-1]}"
     run.__qualname__ = run.__name__
     return run
+
+
+def _writes(target: Any, kwargs: Dict[str, Any]) -> bool:
+    """Does ``target`` write an argument (its schema says so, an in-place name, ``out=``)?
+    Run narrower it would write a narrowed copy, not the float64 value: never narrowed."""
+    schema = getattr(getattr(target, "default", target), "_schema", None)
+    name = getattr(target, "__name__", "").split(".")[0]
+    return (bool(getattr(schema, "is_mutable", False)) or "out" in kwargs
+            or name.endswith("_") and not name.endswith("__"))
 
 
 def _precisions(node: torch.fx.Node) -> List[torch.dtype]:
@@ -164,7 +175,7 @@ class _Fp64Interpreter(torch.fx.Interpreter):
             # An op with no float64 kernel refuses before it computes (a dtype check), so
             # the node can run again narrower; one with a stand-in keeps its refusal.
             if (n.op != "call_function" or target is not n.target or n.name in self.narrowed
-                    or memory.out_of_memory(exc)):
+                    or memory.out_of_memory(exc) or _writes(n.target, kwargs)):
                 raise
             for dtype in _precisions(n):
                 try:
@@ -210,46 +221,46 @@ class Fp64Run:
     def __init__(self, gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node]) -> None:
         self.gm = gm
         self.keep = list(dict.fromkeys(keep))
-        # the nodes run narrower, having no float64 kernel: {node name: dtype}
+        # the nodes run narrower, their float64 call having failed: {node name: dtype}
         self.narrowed: Dict[str, torch.dtype] = {}
         self.module = _rewritten(gm, self.keep, self.narrowed)
-
-    def _learn(self, args: List[Any]) -> bool:
-        """After the rewritten run failed: run the graph op by op on ``args`` (its values
-        are not used) to find the ops that have no float64 kernel; True where it found new
-        ones (the graph is rewritten with them narrowed)."""
-        known = dict(self.narrowed)
-        try:
-            _Fp64Interpreter(self.gm, (), None, self.narrowed).run(*args)
-        except Exception:  # noqa: BLE001 - another cause: the first failure is what to say
-            pass
-        if self.narrowed == known:
-            return False
-        self.module = _rewritten(self.gm, self.keep, self.narrowed)
-        return True
+        self.learning = False  # the next run goes op by op (the rewritten one failed)
+        self.unlearnable = False  # an op-by-op run failed, narrowing nothing: not again
 
     def __call__(self, args: List[Any], kept: Optional[Dict[Any, Any]],
                  forced: Optional[Dict[Any, Callable[[Any], Any]]] = None) -> Any:
         """The float64 output; the kept nodes' values go to ``kept`` (if given); the nodes
-        in ``forced`` return what it says instead of running (a choice taken one way)."""
-        if self.module is None or forced:
+        in ``forced`` return what it says instead of running (a choice taken one way).
+        Raises ``RunAgain`` where the rewritten run failed for a cause it has not met: the
+        next call runs op by op on the caller's fresh copies, narrowing what refuses
+        float64 as it goes, and rewrites the graph with it."""
+        if self.module is None or forced or self.learning:
+            learning, self.learning = self.learning, False
             known = len(self.narrowed)
             interpreter = _Fp64Interpreter(self.gm, self.keep, forced, self.narrowed)
-            out = interpreter.run(*args)
+            try:
+                out = interpreter.run(*args)
+            except Exception:
+                self.unlearnable |= learning and len(self.narrowed) == known
+                raise
+            finally:
+                if len(self.narrowed) != known and self.module is not None:
+                    self.module = _rewritten(self.gm, self.keep, self.narrowed)
             values = [interpreter.kept[n] for n in self.keep]
-            if len(self.narrowed) != known and self.module is not None:
-                self.module = _rewritten(self.gm, self.keep, self.narrowed)
         else:
+            failed = ""
             try:
                 # The rewritten code runs with ``gm`` as ``self``: what gm holds, and what a
                 # reparametrisation of gm swaps in for the call, is what its ``get_attr``s
                 # read.
                 out, values = type(self.module).forward(self.gm, *args)
             except Exception as exc:
-                if memory.out_of_memory(exc) or not self._learn(list(args)):
+                if memory.out_of_memory(exc) or self.unlearnable:
                     raise
-                raise Narrowed(", ".join(f"{name} in {str(dtype).split('.')[-1]}" for
-                                         name, dtype in self.narrowed.items())) from exc
+                failed = f"{type(exc).__name__}: {memory.first_line(exc)}"
+            if failed:  # raised here, not in the handler: the failed run's values go now
+                self.learning = True
+                raise RunAgain(f"the float64 run failed ({failed}): run again op by op")
         if kept is not None:
             kept.update(zip(self.keep, values))
         return out
