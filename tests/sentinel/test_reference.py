@@ -123,6 +123,22 @@ def test_the_judge_sees_the_positions_a_decode_step_wrote() -> None:
     assert found.index == 0
 
 
+def _written_at_5(layers: int) -> List[Any]:
+    """A decode step's caches, each written at position 5: (before, eager, compiled, float64,
+    the exact values); the second's compiled copy in other strides (the same values: judged
+    in logical order)."""
+    found = []
+    for layer in range(layers):
+        before, exact = _cache()
+        eager, compiled, fp64 = before.clone(), before.clone(), before.double()
+        eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
+        fp64[:, :, 5:6] = exact
+        if layer == 1:
+            compiled = compiled.transpose(1, 3).contiguous().transpose(1, 3)
+        found.append((before, eager, compiled, fp64, exact))
+    return found
+
+
 def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     """A decode step's caches, alike in shape and dtype, found in one synchronisation: each
     judged at the positions any of them changed; one written a position late is caught,
@@ -132,13 +148,7 @@ def test_caches_of_one_shape_are_judged_where_any_of_them_was_written() -> None:
     from rocm_autopatch.sentinel.judging import judge
 
     items = []
-    for layer in range(4):
-        before, exact = _cache()
-        eager, compiled, fp64 = before.clone(), before.clone(), before.double()
-        eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
-        fp64[:, :, 5:6] = exact
-        if layer == 1:  # the same values in other strides: judged in logical order
-            compiled = compiled.transpose(1, 3).contiguous().transpose(1, 3)
+    for layer, (before, eager, compiled, fp64, exact) in enumerate(_written_at_5(4)):
         if layer == 2:
             compiled = before.clone()
             compiled[:, :, 6:7] = exact.bfloat16()  # one position late
@@ -167,13 +177,7 @@ def test_caches_stacked_in_chunks_give_what_each_compared_alone_gives(
     from rocm_autopatch.sentinel.runs import footprint
 
     items = []
-    for layer in range(5):
-        before, exact = _cache()
-        eager, compiled, fp64 = before.clone(), before.clone(), before.double()
-        eager[:, :, 5:6] = compiled[:, :, 5:6] = exact.bfloat16()
-        fp64[:, :, 5:6] = exact
-        if layer == 1:
-            compiled = compiled.transpose(1, 3).contiguous().transpose(1, 3)
+    for layer, (before, eager, compiled, fp64, _) in enumerate(_written_at_5(5)):
         if layer == 3:
             compiled[:, :, 9:10] += 1  # one written where no other was
         if layer == 4:
