@@ -280,10 +280,10 @@ def _step(tensor: Any) -> int:
     return max(1, footprint.STACK_BYTES // max(1, tensor.numel() * tensor.element_size()))
 
 
-def _chunks(tensors: List[Any]) -> List[List[Any]]:
-    """``tensors`` (alike in shape and dtype) in stacks of at most ``_step`` each."""
-    step = _step(tensors[0])
-    return [tensors[i:i + step] for i in range(0, len(tensors), step)]
+def _chunks(items: List[Any], like: Any) -> List[List[Any]]:
+    """``items`` in runs of as many as a stack of tensors like ``like`` holds (``_step``)."""
+    step = _step(like)
+    return [items[i:i + step] for i in range(0, len(items), step)]
 
 
 def _changed(items: List[Written]) -> Any:
@@ -292,9 +292,7 @@ def _changed(items: List[Written]) -> Any:
     import torch
 
     changed = None
-    step = _step(items[0][0])
-    for start in range(0, len(items), step):
-        part = items[start:start + step]
+    for part in _chunks(items, items[0][0]):
         if len(part) == 1:
             before, eager, compiled, _ = part[0]
             here = eager != before
@@ -315,7 +313,7 @@ def _taken(tensors: List[Any], where: Any) -> List[Any]:
     if len({t.dtype for t in tensors}) > 1:
         return [torch.take(t, where) for t in tensors]
     taken: List[Any] = []
-    for chunk in _chunks(tensors):
+    for chunk in _chunks(tensors, tensors[0]):
         if len(chunk) == 1:
             taken.append(torch.take(chunk[0], where))
         else:

@@ -19,9 +19,10 @@ For each value the graph returns or writes:
 - **math allowance**: a float32 value computed through a math function (erf, tanh,
   log...) may be off by what the function's documented bound allows (``allowance``): the
   floors of the localized and systematic rules rise to it.
-- **a narrower reference**: where an op with no float64 kernel ran in float32 (or
-  narrower) in the reference, a value no finer than that is judged by torch's criterion
-  alone (the reference cannot tell its rounding from a bug's).
+- **a narrower reference**: where an op whose float64 call failed ran in float32 (or
+  narrower) in the reference, a value it reaches that is no finer than that precision is
+  judged by torch's criterion alone, eager's error taken as at least half a unit of that
+  precision (the reference cannot tell its rounding from a bug's).
 - **complex** values are judged as their (real, imaginary) pairs, by the rules above.
 - **integers and bools**: exact, except where they come from floats (argmax, argmin, a
   comparison): an element that differs passes when float64 says compiled's choice is
