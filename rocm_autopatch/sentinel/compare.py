@@ -138,12 +138,12 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     outputs = len(numerics.leaves(ref))
     written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
                                for i in sorted(after)])
+    allowed = judge.Allowance(*graph.allowed, *graph.narrowing(sorted(after)))
     verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
                             res + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
                             judge.TOL_FORWARD, derived, skip=graph.not_compared,
-                            allowed=judge.Allowance(*graph.allowed,
-                                                    *graph.narrowing(sorted(after))))
+                            allowed=allowed)
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
     if bad and graph.choices and ties:
@@ -157,7 +157,7 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                           "torch_criterion": "failed" if verdict.torch_failed else "passed",
                           "math_allowance": f"{function}: {ulps:g} ULPs (float32)" if ulps
                           else "none",
-                          "reference_precision": graph.narrowest[1] or "float64",
+                          "reference_precision": allowed.narrowed or "float64",
                           **{k: round(v, 3) if isinstance(v, float) else v
                              for k, v in verdict.stats.items()}})
     if undecided is not None:

@@ -124,31 +124,22 @@ class Graph:
         return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
                                    self.names)(*inputs)
 
-    @property
-    def narrowest(self) -> Tuple[Any, str]:
-        """The coarsest precision an op of its float64 run ran in, its float64 call having
-        failed (None where none did), and which ops ran narrower, in words
-        (``reference``)."""
+    def narrowing(self, written: List[int]) -> Tuple[Any, str, Any]:
+        """What its float64 run ran narrower, its float64 call having failed
+        (``reference``): the coarsest precision (None where nothing did), the ops in
+        words, and the values judged (the outputs, then the inputs ``written``, by index)
+        that they reach: their output feeds them, or a node they feed uses that input (a
+        frozenset)."""
         narrowed = self._fp64.narrowed if "_fp64" in self.__dict__ else {}
         if not narrowed:
-            return None, ""
+            return None, "", None
         nodes = {n.name: n for n in self.gm.graph.nodes}
         said = {f"{numerics.node_name(nodes[name])} in {str(dtype).split('.')[-1]}": None
                 for name, dtype in narrowed.items()}
         coarsest = max(narrowed.values(), key=lambda d: reference.torch_eps(d))
-        return coarsest, ", ".join(said) + " (its float64 call failed)"
-
-    def narrowing(self, written: List[int]) -> Tuple[Any, str, Any]:
-        """``narrowest``, and the values judged (the outputs, then the inputs ``written``,
-        by index) that an op run narrower reaches: its output feeds them, or a node it
-        feeds uses that input (a frozenset; None where no op ran narrower)."""
-        coarsest, said = self.narrowest
-        if coarsest is None:
-            return None, "", None
-        names = set(self._fp64.narrowed)
         reached: set = set()
         for node in self.gm.graph.nodes:  # in order: a node's inputs come before it
-            if node.name in names or any(a in reached for a in node.all_input_nodes):
+            if node.name in narrowed or any(a in reached for a in node.all_input_nodes):
                 reached.add(node)
         (out,) = [n for n in self.gm.graph.nodes if n.op == "output"]
         leaves = numerics.leaves(out.args[0])
@@ -157,7 +148,7 @@ class Graph:
             users = self.placeholders[i].users if i < len(self.placeholders) else reached
             if any(user in reached for user in users):
                 found.add(len(leaves) + j)
-        return coarsest, said, frozenset(found)
+        return coarsest, ", ".join(said) + " (its float64 call failed)", frozenset(found)
 
     @functools.cached_property
     def replays(self) -> replay.Replays:

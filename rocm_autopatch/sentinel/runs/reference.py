@@ -173,8 +173,9 @@ class _Fp64Interpreter(torch.fx.Interpreter):
             return getattr(self, n.op)(target, args, kwargs)
         except Exception as exc:
             # An op with no float64 kernel refuses before it computes (a dtype check), so
-            # the node can run again narrower; one with a stand-in keeps its refusal.
-            if (n.op != "call_function" or target is not n.target or n.name in self.narrowed
+            # the node can run again narrower; one with a stand-in, or already narrowed
+            # (its target is not its own either), keeps its refusal.
+            if (n.op != "call_function" or target is not n.target
                     or memory.out_of_memory(exc) or _writes(n.target, kwargs)):
                 raise
             for dtype in _precisions(n):
