@@ -3,7 +3,8 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 1.1B configuration), its forward compiled.
 
     python benchmarks/decode_loop.py [--arms speed,bug,share,ab] [--rounds 2] [--tokens 256]
-                                     [--bug-at 40,200] [--layers 8] [--json PATH]
+                                     [--bug-at 40,200] [--bug-modes check,fallback]
+                                     [--layers 8] [--json PATH]
                                      [--op-by-op] [--with-at-call]
 
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
@@ -27,11 +28,13 @@ generation each, ``--rounds`` rounds of one generation each, the order alternati
 sentinel's clock counts both copies' time as the program's, so it samples the watched copy
 about twice as often as it would alone (a bias against ``check``).
 
-``bug``: the same loop under ``check`` with a miscompile that starts at position p (one per
-``--bug-at``): Inductor's cosine made wrong where its argument passes p, which the rotary
-embedding's angles do from position p on (the first inverse frequency is 1). Made in what
-Inductor compiles (a decomposition), as the tests do; eager is right. Reported: the
-position at which it was found, against issue 32's bound of 2p.
+``bug``: the same loop with a miscompile that starts at position p (one per ``--bug-at``),
+under each of ``--bug-modes`` (``check``, ``fallback``): Inductor's cosine made wrong where
+its argument passes p, which the rotary embedding's angles do from position p on (the first
+inverse frequency is 1). Made in what Inductor compiles (a decomposition), as the tests do;
+eager is right. Three generations of ``--tokens`` new tokens each (no warm-up of its own:
+the bug may be found in any). Reported: the generation and the position at which it was
+found, against issue 43's bound of 1.25p (2p before).
 """
 
 from __future__ import annotations
@@ -57,16 +60,36 @@ if bug_at:
         return torch.sin(x + math.pi / 2) * torch.where(x.abs() >= bug_at, 1.5, 1.0)
     d.decompositions[torch.ops.aten.cos.default] = bad_cos
 """ + DECODE_LLAMA + r"""
+import os
 import rocm_autopatch
-from rocm_autopatch.sentinel.scheduling import schedule
+from rocm_autopatch.sentinel.scheduling import crossings, schedule
+if os.environ.get("BENCH_LADDER"):  # --ladder: the rungs' ratio, for a comparison
+    schedule.LADDER = crossings.LADDER = float(os.environ["BENCH_LADDER"])
 costs = []  # each check's cost to the program beyond its call (ms): what the ledger counts
 checked = schedule.Schedule.checked
 def counted(self, why, flat, values, passed, call_seconds, check_seconds, outputs):
     costs.append(round((check_seconds - call_seconds) * 1e3, 2))
     return checked(self, why, flat, values, passed, call_seconds, check_seconds, outputs)
 schedule.Schedule.checked = counted
+# what the ledger's reads cost, by kind: (count, ms)
+from rocm_autopatch.sentinel.scheduling import integers as _ints, magnitudes as _mags
+parts = {}
+def timed_part(owner, name, key):
+    inner = getattr(owner, name)
+    def wrapper(*a, **k):
+        began = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            n, ms = parts.get(key, (0, 0.0))
+            parts[key] = (n + 1, ms + (time.perf_counter() - began) * 1e3)
+    setattr(owner, name, wrapper)
+timed_part(_mags.Magnitudes, "measure", "magnitudes_every_stride")
+timed_part(_ints.Integers, "read", "integers_every_call")
+timed_part(schedule, "crossed", "predicted_crossing_reads")
 with torch.no_grad():
-    generate(tokens if not bug_at else 2 * bug_at + 64)
+    for _ in range(1 if not bug_at else 3):  # a bug: three generations of --tokens
+        generate(tokens)
     torch.cuda.synchronize()
     out = {}
     if not bug_at:
@@ -80,9 +103,10 @@ with torch.no_grad():
 graphs = rocm_autopatch.report().verify.get("graphs", [])
 keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
         "values_stride", "found_at_call", "found_because", "budget_spent", "reason",
-        "checks_read_later", "references")
+        "checks_read_later", "references", "values")
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 out["check_costs_ms"] = costs
+out["ledger_reads"] = {k: [n, round(ms, 2)] for k, (n, ms) in parts.items()}
 print(json.dumps(out))
 """
 
@@ -151,6 +175,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--bug-at", default="40,200")
+    parser.add_argument("--bug-modes", default="check")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--op-by-op", action="store_true",
                         help="the check arms never replay their references as a device "
@@ -158,6 +183,9 @@ def main() -> int:
     parser.add_argument("--with-at-call", action="store_true",
                         help="a third arm per round: check with every verdict read at the "
                              "checked call (never deferred)")
+    parser.add_argument("--ladder", default="",
+                        help="the check arms' ladder ratio (1.25 by default; 2 as before "
+                             "issue 43 item 3), to measure what the ladder costs")
     parser.add_argument("--json")
     args = parser.parse_args()
     extra = ["op_by_op"] if args.op_by_op else []
@@ -171,7 +199,8 @@ def main() -> int:
             for arm, verify in pairs:
                 variant = ["at_call"] if arm == "check_at_call" else extra
                 got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *variant],
-                              {"ROCM_AUTOPATCH_VERIFY": verify}, timeout=900)
+                              {"ROCM_AUTOPATCH_VERIFY": verify, "BENCH_LADDER": args.ladder},
+                              timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)
         off = [x["tokens_per_s"] for x in results if x["arm"] == "off" and "tokens_per_s" in x]
@@ -191,14 +220,22 @@ def main() -> int:
         print(json.dumps(results[-1]), flush=True)
     if "bug" in arms:
         for p in (int(v) for v in args.bug_at.split(",")):
-            got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers), *extra],
-                          {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
-            found = [g for g in got.get("graphs", []) if g.get("found_at_call")]
-            # the decode graph's call k runs position 16 + k - 1 (16 prompt tokens)
-            where = [16 + g["found_at_call"] - 1 for g in found if g["calls"] > 1]
-            results.append({"arm": "bug", "bug_at": p, "found_at_position": where, **got})
-            print(json.dumps(results[-1]), flush=True)
-            print(f"bug from position {p}: found at position {where} (bound {2 * p})")
+            for how in args.bug_modes.split(","):
+                got = run_arm(CHILD, [str(args.tokens), str(p), str(args.layers), *extra],
+                              {"ROCM_AUTOPATCH_VERIFY": how}, timeout=900)
+                found = [g for g in got.get("graphs", []) if g.get("found_at_call")]
+                # the decode graph's call k (from 1) runs position 16 + (k - 1) mod (n - 1)
+                # of generation (k - 1) div (n - 1): 16 prompt tokens, the prefill makes
+                # the first of the n new tokens
+                steps = args.tokens - 1
+                where = [(1 + (g["found_at_call"] - 1) // steps,
+                          16 + (g["found_at_call"] - 1) % steps)
+                         for g in found if g["calls"] > 1]
+                results.append({"arm": "bug", "mode": how, "bug_at": p,
+                                "found_at_generation_position": where, **got})
+                print(json.dumps(results[-1]), flush=True)
+                print(f"bug from position {p} under {how}: found at (generation, position) "
+                      f"{where} (bound {1.25 * p:g})")
     if args.json:
         with open(args.json, "w") as fh:
             import torch

@@ -10,6 +10,9 @@ per call over ``--calls`` calls, the GPU otherwise idle:
              the oldest slot read when its event has completed (a ring of 4);
   amax     - the same after a reduction (an input of more than one element: a prefill's
              positions);
+  reader   - the package's own reader (``sentinel/scheduling/integers.py``, issue 43 item
+             2, built after this benchmark's first run): the position and a token id, as a
+             decode step's inputs, copied together each call;
   baseline - the advance alone (what the program does anyway).
 Prints the microseconds per call of each and one JSON line. Needs a CUDA/HIP device.
 """
@@ -55,6 +58,27 @@ def follow(calls: int, reduce: bool) -> dict:
             "last_read": seen, "calls": calls, "slots_still_in_flight": late}
 
 
+def reader(calls: int) -> dict:
+    from rocm_autopatch.sentinel.scheduling import integers
+
+    pos = torch.zeros(1, dtype=torch.int64, device="cuda")
+    ids = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
+    follower = integers.followed([pos, ids], [0, 1])
+    times, seen, stale = [], 0, 0
+    for n in range(1, calls + 1):
+        began = time.perf_counter()
+        pos += 1  # the program's own advance
+        at, values = follower.follow([pos, ids], n)
+        times.append(time.perf_counter() - began)
+        if values:
+            seen = max(seen, at)
+            stale = max(stale, n - at)
+    torch.cuda.synchronize()
+    return {"us_per_call": round(1e6 * statistics.median(times), 2),
+            "us_mean": round(1e6 * statistics.fmean(times), 2), "last_read": seen,
+            "calls": calls, "oldest_read_calls": stale}
+
+
 def baseline(calls: int) -> dict:
     pos = torch.zeros(1, dtype=torch.int64, device="cuda")
     times = []
@@ -75,8 +99,8 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"),
            "baseline": baseline(args.calls), "copy": follow(args.calls, False),
-           "amax": follow(args.calls, True)}
-    for arm in ("baseline", "copy", "amax"):
+           "amax": follow(args.calls, True), "reader": reader(args.calls)}
+    for arm in ("baseline", "copy", "amax", "reader"):
         print(f"{arm:<9} {out[arm]['us_per_call']:7.2f} us/call (mean {out[arm]['us_mean']})")
     print(json.dumps(out))
 

@@ -22,7 +22,7 @@ from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import backward, footprint, memory, numerics, snapshot
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
-from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import integers, schedule
 
 
 class Check:
@@ -128,9 +128,7 @@ class Check:
 
         plan = self.graph.schedule
         if plan.magnitudes is None:
-            watch = magnitudes.watched_inputs(self.flat, self.count, self.analysis.mutated)
-            plan.magnitudes = magnitudes.Magnitudes(
-                watch, magnitudes.integer_inputs(self.flat, watch))
+            schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
         need = self.need = footprint.reference_bytes(
             self.analysis.footprint,
             snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))

@@ -666,6 +666,39 @@ def narrowed_attention() -> Dict[str, Any]:
     return {"samples": samples, "around": around}
 
 
+def integers_every_call() -> Dict[str, Any]:
+    """issue 43, item 2: a decode step's position and token id read at every call by the
+    sentinel's reader, with torch's synchronisation debug mode set to raise: no read
+    synchronises, each value read is its call's, none older than the ring of slots."""
+    import torch
+
+    from rocm_autopatch.sentinel.scheduling import integers
+
+    pos = torch.tensor([16], device="cuda")
+    ids = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
+    weight = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    reader = integers.followed([pos, ids], [0, 1])
+    reads: Dict[int, Any] = {}
+    lag = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in range(1, 3001):
+            pos += 1
+            ids.fill_(call % 977)
+            for _ in range(call % 3):  # device work: at times the host runs ahead
+                weight = weight @ weight * 1e-3
+            at, values = reader.follow([pos, ids], call)
+            if values:
+                reads[at] = values
+                lag = max(lag, call - at)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    wrong = [at for at, v in reads.items() if v != {0: 16.0 + at, 1: float(at % 977)}]
+    return {"reads": len(reads), "wrong": wrong[:5], "last_read": max(reads, default=0),
+            "stopped": reader.stopped, "oldest_read_calls": lag}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -689,6 +722,7 @@ SCENARIOS: Dict[str, tuple] = {
     "deferred_verdicts": (deferred_verdicts, {"ROCM_AUTOPATCH": "force",
                                               "ROCM_AUTOPATCH_VERIFY": "check"}),
     "narrowed_attention": (narrowed_attention, {"ROCM_AUTOPATCH": "force"}),
+    "integers_every_call": (integers_every_call, {"ROCM_AUTOPATCH": "force"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
 }

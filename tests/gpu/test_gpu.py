@@ -181,3 +181,12 @@ def test_torchs_attention_kernels_are_checked_with_a_narrower_reference(results:
     for name in ("efficient_float32", "flash_bfloat16"):
         assert [g["status"] for g in around[f"{name}_healthy"]] == ["passed"], around
         assert [g["status"] for g in around[f"{name}_wrong"]] == ["failed"], around
+
+
+def test_small_integer_inputs_are_read_every_call_without_a_synchronisation(
+        results: dict) -> None:
+    got = results["integers_every_call"]
+    assert got.get("crashed") is None, got  # a synchronisation raises under the debug mode
+    assert got["stopped"] == "" and got["wrong"] == [], got
+    # a call whose slots were all in flight is not copied: most are, and read to the end
+    assert got["reads"] >= 1000 and got["last_read"] >= 2900, got

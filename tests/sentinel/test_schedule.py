@@ -1,7 +1,7 @@
 """The schedule's arithmetic, in this process, on a clock the test sets (the schedule reads
 ``time.perf_counter`` only): the budget is a share of the program's wall time, not of the
-graph's own; the graphs share it; integer inputs are followed at twice their largest
-checked value. What it finds in a real program is tested through the wheel
+graph's own; the graphs share it; integer inputs are checked on a ladder of rungs 1.25x
+their largest checked value. What it finds in a real program is tested through the wheel
 (test_coverage)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 import pytest
 import torch
 
-from rocm_autopatch.sentinel.scheduling import magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import integers, magnitudes, schedule
 
 pytestmark = pytest.mark.fast
 
@@ -70,15 +70,21 @@ def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_
 
 
 def _values_checks(clock: Clock, dtype: Any, reads: Any = None,
-                   taken: Optional[List[int]] = None) -> List[int]:
-    """The positions (1 to 1,000, one per call) at which the values force a check; the
-    checks that used the values their crossing read go to ``taken``, as a check does."""
+                   taken: Optional[List[int]] = None, follow: Any = "cpu",
+                   positions: Any = range(1, 1001)) -> List[int]:
+    """The positions (one per call) at which the values force a check; the checks that used
+    the values their crossing read go to ``taken``, as a check does. ``follow``: the small
+    integers read every call (``"cpu"``: the real reader on this CPU; None: only with the
+    other inputs, every ``stride``-th call; or a reader standing in for a GPU's)."""
+    first = torch.zeros(1, dtype=dtype)
     plan = schedule.Schedule(1, 0.0, [])
-    plan.magnitudes = reads or magnitudes.Magnitudes([0], magnitudes.integer_inputs(
-        [torch.zeros(1, dtype=dtype)], [0]))
+    reads = reads or magnitudes.Magnitudes([0], magnitudes.integer_inputs([first], [0]))
+    if follow == "cpu":
+        follow = integers.followed([first], sorted(reads.integer))
+    schedule.follow(plan, follow, reads)
     plan.call_seconds = 1.0  # a slow graph: its magnitudes read every call
     found = []
-    for position in range(1, 1001):
+    for position in positions:
         flat = [torch.tensor([position], dtype=dtype)]
         why = plan.due(flat)
         if why is not None:
@@ -93,52 +99,93 @@ def _values_checks(clock: Clock, dtype: Any, reads: Any = None,
     return found
 
 
-def _by_twice(found: List[int], start: int = 2) -> bool:
-    """Is a bug that starts at any position p from ``start`` checked by position 2p?"""
-    return all(any(p <= c <= 2 * p for c in found) for p in range(start, found[-1] + 1))
+def _by(found: List[int], factor: float, start: int = 2) -> bool:
+    """Is a bug that starts at any position p from ``start`` checked by position factor*p?"""
+    return all(any(p <= c <= factor * p for c in found)
+               for p in range(start, found[-1] + 1))
 
 
-def test_an_integer_input_is_checked_each_time_it_passes_twice_the_largest_checked(
-        clock: Clock) -> None:
-    """A position from 1 to 1,000, read every call: a check as it passes twice the largest
-    checked (about log2(n) checks), so a bug from position p is checked by 2p; a float
-    input that grows alike only past 4x."""
+def test_an_integer_input_is_checked_at_each_rung_of_the_ladder(clock: Clock) -> None:
+    """A position from 1 to 1,000, read every call: a check as it passes 1.25 times the
+    largest checked (about log(n)/log(1.25) checks), so a bug from any position p is checked
+    by 1.25p (issue 43, item 3; 2p before); a float input that grows alike only past 4x."""
     ints = _values_checks(clock, torch.int64)
-    assert ints == [3, 7, 15, 31, 63, 127, 255, 511] and _by_twice(ints, start=3)
+    rungs, c = [], 1  # each rung the first position past 1.25 times the one before
+    while int(1.25 * c) + 1 <= 1000:
+        c = int(1.25 * c) + 1
+        rungs.append(c)
+    assert ints == rungs and rungs[:8] == [2, 3, 4, 6, 8, 11, 14, 18] and len(rungs) == 25
+    assert _by(ints, schedule.LADDER)
+    assert not _by(ints, 1.2)  # the ladder is no finer than it says
     assert _values_checks(clock, torch.float32) == [5, 21, 85, 341]
+    # the same with the integer read every stride-th call, as before (no reader)
+    assert _values_checks(clock, torch.int64, follow=None) == ints
 
 
-@pytest.mark.parametrize("every,late", [(64, 16), (128, 64), (256, 200)])
-def test_a_position_read_late_is_still_checked_by_twice_its_value(
-        clock: Clock, every: int, late: int) -> None:
-    """On a GPU the values come some calls after the call that had them: a decode loop on
-    an H200 read its position every 64 calls, holding a value up to 16 calls old (and a
-    bug from position 40 was checked at position 95 before the prediction). The position's
-    growth per call, from two reads, predicts the call at which it passes twice the largest
-    checked; that call's values are read at once, and it is checked there."""
+class _Late(integers.Integers):
+    """A GPU's reader: each call's values land ``late`` calls after it (a decode loop on a
+    GPU whose host syncs each step reads the call before; one running ahead, older)."""
+
+    def __init__(self, late: int) -> None:
+        super().__init__([torch.zeros(1, dtype=torch.int64)], [0])
+        self.late, self.queued = late, {}
+
+    def follow(self, flat: List[Any], call: int) -> Any:
+        self.queued[call] = float(flat[0])
+        at = call - self.late
+        return (at, {0: self.queued.pop(at)}) if at in self.queued else (0, {})
+
+
+@pytest.mark.parametrize("late", [1, 3, 16])
+def test_a_position_read_calls_late_is_still_checked_at_its_rung(
+        clock: Clock, late: int) -> None:
+    """Read ``late`` calls after its call, a steadily growing position is carried forward
+    by its growth per call: each check is at the rung itself, a bug from p checked by
+    1.25p, as when read at once; no crossing falls between two reads (issue 43, item 2)."""
+    found = _values_checks(clock, torch.int64, follow=_Late(late))
+    # once two reads gave the growth, each check is the first position past the rung
+    later = [(a, b) for a, b in zip(found, found[1:]) if a > late + 2]
+    assert len(later) >= 15 and all(b == int(1.25 * a) + 1 for a, b in later), found
+    assert _by(found, schedule.LADDER, start=later[0][0])
+
+
+def test_generations_that_restart_are_each_checked_by_their_rung(clock: Clock) -> None:
+    """Generations of 220 new tokens after 16 (positions 16-235), three of them, read a call
+    late: the ladder's rungs all fall in the first (bugs from 150, 165 and 180 were never
+    found with the 2x ladder: its next rung was past 235); a restart makes no check."""
+    gens = [range(16, 236)] * 3
+    found = _values_checks(clock, torch.int64, follow=_Late(1),
+                           positions=[p for g in gens for p in g])
+    assert len(found) == len(set(found)) and found == sorted(found), found
+    assert all(any(p <= c <= 1.25 * p for c in found) for p in (150, 165, 180))
+    assert max(found) <= 235 and len(found) <= 12, found
+
+
+def test_a_position_read_late_every_stride_calls_is_checked_by_its_rung(
+        clock: Clock) -> None:
+    """Where the small integers' reads do not fit the budget they are read with the other
+    inputs: every 64 calls, 16 calls old. Two reads give the growth per call and predict
+    the call that passes the next rung; that call's values are read at once and checked."""
 
     class Late(magnitudes.Magnitudes):
         def measure(self, flat: List[Any], call: int = 0) -> Any:
             position = int(flat[0])  # the call's number: one position per call
-            if position % every:
+            if position % 64:
                 return {}
-            self.ready_from = position - late
-            return {0: float(position - late)}
+            self.ready_from = position - 16
+            return {0: float(position - 16)}
 
     taken: List[int] = []
-    found = _values_checks(clock, torch.int64, Late([0], (0,)), taken)
-    # from the second read on (the growth known) each check is at the crossing itself: the
-    # first position past twice the one checked before
-    crossings = [(a, b) for a, b in zip(found, found[1:]) if b > 2 * every]
-    assert crossings and all(b == 2 * a + 1 for a, b in crossings[1:]), found
-    # and its check used the values the crossing read (no second read)
-    assert set(b for _, b in crossings[1:]) <= set(taken), (taken, found)
-    assert _by_twice(found, start=found[0]) and len(found) <= 7, found
+    found = _values_checks(clock, torch.int64, Late([0], (0,)), taken, follow=None)
+    # from the second read on (the growth known) each check is at the crossing itself
+    later = [c for c in found if c > 128]
+    assert later and set(later) <= set(taken), (taken, found)
+    assert _by(found, schedule.LADDER, start=later[0]), found
 
 
 def test_a_predicted_crossing_that_does_not_come_is_not_checked(clock: Clock) -> None:
     """A loop that restarts its positions after a prediction was made: the values read at
-    the predicted call are below twice the largest checked, so no check (one read)."""
+    the predicted call are below the next rung, so no check (one read)."""
     plan = schedule.Schedule(1, 0.0, [])
     plan.magnitudes = magnitudes.Magnitudes([0], (0,))
     plan.call_seconds = 1.0
@@ -150,8 +197,79 @@ def test_a_predicted_crossing_that_does_not_come_is_not_checked(clock: Clock) ->
         if why is not None:
             plan.checked(why, flat, plan.magnitudes.now(flat), True, 1.0, 1.0, [])
         clock.now += 1.0
-    assert [p for p, why in whys if why == schedule.VALUES] == [21], whys
+    assert [p for p, why in whys if why == schedule.VALUES] == [13, 17, 22, 28, 36], whys
     assert plan.crossings.call is None or plan.crossings.call > plan.calls
+
+
+def test_small_integers_are_read_every_call_only_where_it_fits_the_budget(
+        clock: Clock) -> None:
+    """Reading the position every call costs what it costs (timed here at 8 us): in a loop
+    of 4.4 ms steps that is within a quarter of the 1% budget (11 us), every call; in a
+    loop of 200 us steps it is not, and the position goes back to the stride-th reads."""
+    def run(step: float) -> schedule.Schedule:
+        schedule.LEDGER.__init__()
+        first = torch.zeros(1, dtype=torch.int64)
+        plan = schedule.Schedule(1, 0.01, [])
+        reader = integers.followed([first], [0])
+        cost = reader.follow
+
+        def timed(flat: List[Any], call: int) -> Any:
+            clock.now += 8e-6
+            return cost(flat, call)
+
+        reader.follow = timed  # type: ignore[method-assign]
+        schedule.follow(plan, reader, magnitudes.Magnitudes([0], (0,)))
+        for position in range(16, 16 + 256):
+            flat = [torch.tensor([position])]
+            why = plan.due(flat)
+            if why is not None:
+                plan.checked(why, flat, plan.magnitudes.now(flat), True, step, step, [])
+            clock.now += step
+        return plan
+
+    slow, fast = run(4.4e-3), run(200e-6)
+    assert slow.integers.every_call and slow.magnitudes.followed == {0}
+    assert schedule.coverage(slow)["values"]["read_every_call"] == [0]
+    assert not fast.integers.every_call and fast.magnitudes.followed == frozenset()
+    assert schedule.coverage(fast)["values"]["read_every_call"] == []
+
+
+def test_only_integers_that_grow_are_read_every_call(clock: Clock) -> None:
+    """A decode step's position (up every call, down once a generation) and its token id
+    (up and down): after the first reads only the position is copied every call; the token
+    id goes back to the stride-th reads with the other inputs."""
+    first = [torch.tensor([16]), torch.tensor([[0]])]
+    plan = schedule.Schedule(1, 0.01, [])
+    schedule.follow(plan, integers.followed(first, [0, 1]), magnitudes.Magnitudes([0, 1],
+                                                                                 (0, 1)))
+    assert plan.integers.indices == (0, 1) and plan.magnitudes.followed == {0, 1}
+    ids = torch.randint(0, 32000, (200,), generator=torch.Generator().manual_seed(0))
+    for call in range(200):
+        flat = [torch.tensor([16 + call % 50]), ids[call].reshape(1, 1)]
+        why = plan.due(flat)
+        if why is not None:
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 5e-3, 5e-3, [])
+        clock.now += 5e-3
+    assert plan.integers.indices == (0,) and plan.magnitudes.followed == {0}
+    assert schedule.coverage(plan)["values"]["read_every_call"] == [0]
+    # the position stays on the 1.25x ladder; the token id is checked past 2x, as before
+    assert plan.integers.still == {1}
+    assert plan.new_regime({0: 1.3 * plan.checked_max[0]})
+    assert not plan.new_regime({1: 1.9 * plan.checked_max[1]})
+    assert plan.new_regime({1: 2.1 * plan.checked_max[1]})
+
+
+def test_the_real_reader_on_the_cpu_reads_each_call_at_once() -> None:
+    """max |x| of each small integer input, this call's; larger ones are left to the
+    stride-th reads; an input that changes dtype stops the reader, never the program."""
+    flat = [torch.tensor([3, -7]), torch.arange(300), torch.tensor(5, dtype=torch.int32)]
+    reader = integers.followed(flat, [0, 1, 2])
+    assert reader is not None and reader.indices == (0, 2)  # 300 elements: too many
+    assert reader.follow(flat, 9) == (9, {0: 7.0, 2: 5.0})
+    flat[0] = torch.tensor([1.5, 2.0])  # a float where an integer was: aminmax still reads
+    assert reader.follow(flat, 10)[0] == 10
+    flat[0] = "not a tensor"
+    assert reader.follow(flat, 11) == (0, {}) and reader.stopped and reader.indices == ()
 
 
 def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
@@ -188,10 +306,11 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
     for one period's sampled check (the budget's one check per period: issue 32, the
     sentinel's share at most the budget), decided by call numbers alone."""
     plan = schedule.Schedule(1, 0.01, [])
-    plan.magnitudes = magnitudes.Magnitudes([0], (0,))
+    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
+                magnitudes.Magnitudes([0], (0,)))
     plan.call_seconds = 4e-3
     checks = []
-    for step in range(1, 40001):
+    for step in range(1, 100001):
         flat = [torch.tensor([16 + step])]
         why = plan.due(flat)
         if why is not None:
@@ -201,14 +320,19 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
         clock.now += 4.4e-3
     forced = [s for s, why in checks if why == schedule.VALUES]
     sampled = [s for s, why in checks if why == schedule.SAMPLED]
-    assert len(forced) >= 8  # positions 36, 71, 143, ... 9215: about log2(n)
+    # steps 6, 12, 20, ... (positions 22, 28, 36, ...): each the first past 1.25 times the
+    # position checked before, about log(n / 17) / log(1.25) of them, until sampled checks
+    # (which move the largest checked too) begin
+    rungs = [16 + s for s in forced]
+    assert len(forced) >= 30 and rungs[0] == 22
+    assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs, rungs[1:]))
     assert schedule.CALIBRATE_AFTER + 1 not in sampled  # a values check measured one first
     # 0.75% of 4.4 ms per step allows a 40 ms check every ~1,212 steps (period 2,048)
     assert sampled and all(s % 2048 == 0 for s in sampled)
     for s in sampled:  # each forced check stood in for one period's sampled check
         assert len([c for c, why in checks if c <= s and why != schedule.FIRST]) <= s // 2048
     assert sampled[0] == (len(forced) + 1) * 2048  # the forced checks' periods come first
-    assert plan.spent <= 0.01 * 0.75 * 40000 * 4.4e-3
+    assert plan.spent <= 0.01 * 0.75 * 100000 * 4.4e-3
 
 
 def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed(

@@ -6,7 +6,7 @@ magnitude, read on the host when the device has it. ``schedule`` decides from th
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, FrozenSet, List, Tuple
 
 import torch
 
@@ -27,6 +27,7 @@ class Magnitudes:
     def __init__(self, watch: List[int], integer: Tuple[int, ...] = ()) -> None:
         self.watch = watch
         self.integer = frozenset(integer)  # watched inputs of an integer dtype
+        self.followed: FrozenSet[int] = frozenset()  # read at every call (``integers``)
         self.stopped = ""  # why values are no longer followed ("" while they are)
         self.running: Any = None  # the device's running maximum since the last read
         self.folded = 0  # calls folded into it
@@ -61,7 +62,7 @@ class Magnitudes:
         return {}
 
     def _measure(self, flat: List[Any], call: int) -> Dict[int, float]:
-        tensors, indices = self._chosen(flat)
+        tensors, indices = self._chosen(flat, self.followed)
         if not tensors:
             return {}
         if tensors[0].device.type != "cuda":
@@ -86,9 +87,10 @@ class Magnitudes:
             self.reading, self.running, self.reading_from = tuple(indices), None, call
         return ready
 
-    def _chosen(self, flat: List[Any]) -> Tuple[List[Any], List[int]]:
+    def _chosen(self, flat: List[Any], skip: FrozenSet[int] = frozenset()
+                ) -> Tuple[List[Any], List[int]]:
         chosen = [(i, flat[i].detach()) for i in self.watch
-                  if i < len(flat) and isinstance(flat[i], torch.Tensor)]
+                  if i < len(flat) and isinstance(flat[i], torch.Tensor) and i not in skip]
         return [t for _, t in chosen], [i for i, _ in chosen]
 
 
@@ -123,7 +125,7 @@ def _reduce(tensors: List[Any]) -> Any:
 
 
 def integer_inputs(flat: List[Any], watch: List[int]) -> Tuple[int, ...]:
-    """The watched inputs of an integer dtype (followed at ``INTEGER_FACTOR``)."""
+    """The watched inputs of an integer dtype (checked at each rung of ``LADDER``)."""
     return tuple(i for i in watch if not flat[i].is_floating_point())
 
 

@@ -12,16 +12,20 @@ watched for the whole run:
   signatures; past the cap, a signature whose size class is new (a power of two of bytes
   in any dynamic input, or of a dynamic integer's value, so crossing 2^31 bytes or elements
   counts, and a position that doubles) is checked, others only within the budget;
-- a call whose watched inputs leave the magnitudes checked so far (more than
-  ``REGIME_FACTOR`` times the largest checked, ``INTEGER_FACTOR`` for integer inputs such as
-  positions and cache indices, or non-finite where no checked call had any) is checked.
-  Magnitudes come from one reduction queued with the call (every ``stride``-th call,
-  ``stride`` keeping its cost within a quarter of the budget), read when the device has it
-  (some calls later on a GPU; never a synchronisation). An integer that grows steadily (a
-  decode loop's position) is predicted: the call at which it will pass twice the largest
-  checked is computed from its last reads, and that call's values are read at once (one
-  synchronisation per predicted crossing), so a bug from position p is checked by 2p
-  however late the reads come;
+- a call whose watched inputs leave the magnitudes checked so far is checked: a float input
+  more than ``REGIME_FACTOR`` times the largest checked, an integer input (a position, a
+  cache index) more than ``LADDER`` times it, or non-finite where no checked call had any.
+  So a decode loop's position is checked on a ladder of rungs 1.25x apart, and a bug that
+  starts at position p is checked by 1.25p in the generation that first reaches it.
+  Small integer inputs (``integers``) are read at every call without a synchronisation
+  (one copy to pinned memory, read a call or a few later), so no rung is passed between
+  two reads; their cost counts against a quarter of the budget (``VALUES_SHARE``), and
+  where it would take more (a graph of microseconds) they are read with the rest.
+  Other inputs' magnitudes come from one reduction queued with the call (every
+  ``stride``-th call, ``stride`` keeping its cost within that quarter), read when the
+  device has it. An integer among them that grows steadily is predicted: the call at
+  which it will pass the next rung is computed from its last reads, and that call's
+  values are read at once (one synchronisation per predicted crossing);
 - every ``period``-th call is checked, ``period`` keeping the sampled checks within the
   rest of the budget; each check a new shape or new values forced stands in for one of
   them, so that forced and sampled checks together keep to it. ``period`` is a power of
@@ -48,6 +52,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
+from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
+from rocm_autopatch.sentinel.scheduling.integers import Integers
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
 
 FIRST, SHAPE, VALUES, SAMPLED = "first", "shape", "values", "sampled"
@@ -57,14 +63,17 @@ BECAUSE = {FIRST: "one of the first calls checked", SHAPE: "a new shape",
 LARGE = 2**31  # bytes or elements: where 32-bit offsets overflow (ROCm/hipBLASLt#2299)
 SHAPE_CAP = 16  # new shape signatures always checked, per graph
 REGIME_FACTOR = 4.0  # "well beyond": two binades above the largest magnitude checked
-# Integers (positions, lengths, cache indices) are followed closer: a check each time the
-# largest passes twice the largest checked, so n generated tokens get about log2(n) checks.
-INTEGER_FACTOR = 2.0
 # Following values may take this share of the budget: the reduction runs every ``stride``-th
 # call, ``stride`` the power of two that keeps its measured cost within it; sampled checks
 # take the rest.
 VALUES_SHARE = 0.25
 MIN_VALUES_BUDGET = 0.01  # with a budget of 0 (first calls only) values are still followed
+FOLLOW_GATE = 64  # calls between two decisions whether the small integers' reads fit
+FOLLOW_DECIDE = 10  # the call after the first ones at which those that grow are kept
+# Integer inputs that do not grow (token ids, labels: up and down from call to call) are
+# checked past twice the largest checked, as all integers were before the ladder; their
+# largest soon nears its bound (the vocabulary) and they stop forcing checks.
+INTEGER_FACTOR = 2.0
 CALIBRATE_AFTER = 32  # the calls after the first ones at which a warm check is timed
 SEEN_MAX = 1 << 16  # signatures remembered; past that, counted only
 
@@ -138,62 +147,6 @@ def _share_since(spent: float, since: Optional[float]) -> float:
 LEDGER = Ledger()
 
 
-class Crossings:
-    """Integers that grow steadily (a decode loop's position): from two reads of values (the
-    calls they are from), each one's growth per call, and the call at which it will pass
-    ``INTEGER_FACTOR`` times its largest checked. An integer that did not grow since the
-    last read (a loop that restarted, a token id) predicts nothing."""
-
-    def __init__(self) -> None:
-        self.last: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
-        self.rates: Dict[int, float] = {}  # growth per call
-        self.call: Optional[int] = None  # the next predicted crossing
-        self.read_at: Tuple[int, Dict[int, float]] = (0, {})  # values read at a crossing
-
-    def take(self, n: int) -> Optional[Dict[int, float]]:
-        """The values read at call ``n``'s crossing, for its check (one reduction and one
-        synchronisation fewer); None where none were."""
-        at, values = self.read_at
-        self.read_at = (0, {})
-        return values if at == n and values else None
-
-    def due(self, n: int) -> bool:
-        return self.call is not None and n >= self.call
-
-    def read(self, at: int, values: Dict[int, float], integer: Any,
-             checked: Dict[int, float]) -> None:
-        """A read of the values of call ``at``."""
-        if not values:
-            return
-        last, self.last = self.last, (at, values)
-        if last is None or at <= last[0]:
-            return
-        self.rates = {}
-        for i in integer:
-            now, before = values.get(i, math.nan), last[1].get(i, math.nan)
-            if math.isfinite(now) and math.isfinite(before) and now > before:
-                self.rates[i] = (now - before) / (at - last[0])
-        self.plan(at, values, checked)
-
-    def plan(self, at: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
-        """The next crossing from the values of call ``at``."""
-        self.call = None
-        for i, rate in self.rates.items():
-            target = INTEGER_FACTOR * checked.get(i, 0.0)
-            if values.get(i, math.inf) <= target:
-                call = at + math.floor((target - values[i]) / rate) + 1
-                self.call = min(self.call or call, call)
-
-    def again(self, n: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
-        """A predicted crossing that had not come (the growth slowed): predicted again from
-        this call's values, unless they fell (the loop restarted)."""
-        last = self.last[1] if self.last else {}
-        if all(values.get(i, -math.inf) >= last.get(i, math.inf) for i in self.rates):
-            self.plan(n, values, checked)
-        else:
-            self.call = None
-
-
 class Schedule:
     """One graph's checks: which call is due, what the checks covered, the budget."""
 
@@ -209,6 +162,7 @@ class Schedule:
         self.checked_max: Dict[int, float] = {}
         self.checked_non_finite: Set[int] = set()
         self.magnitudes: Optional[Magnitudes] = None  # set once the graph is analysed
+        self.integers: Optional[Integers] = None  # small integer inputs, read every call
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
         self.measure_seconds: Optional[float] = None
@@ -261,6 +215,15 @@ class Schedule:
                           or self.size_class(flat) not in self.checked_classes
                           or self.affordable()):
             return SHAPE
+        if self.integers is not None:
+            if n % FOLLOW_GATE == 0 or n == self.first + FOLLOW_DECIDE:
+                gate(self)
+            if self.integers.every_call:  # has a small integer passed its rung?
+                values, seconds = self.integers.read(flat, n)
+                LEDGER.spent += seconds
+                if values and self.new_regime(values):
+                    self.values_read_stride = 1
+                    return VALUES
         if self.magnitudes is not None and n % self.stride == 0:
             read_every = self.stride  # _costs may change it: the stride this read kept
             began = time.perf_counter()
@@ -268,10 +231,10 @@ class Schedule:
             self._costs(time.perf_counter() - began)
             self.crossings.read(self.magnitudes.ready_from, values, self.magnitudes.integer,
                                 self.checked_max)
-            if self._new_regime(values):
+            if self.new_regime(values):
                 self.values_read_stride = read_every
                 return VALUES
-        if self.crossings.due(n) and self._crossed(n, flat):
+        if self.crossings.due(n) and crossed(self, n, flat):
             self.values_read_stride = 1
             return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
@@ -332,23 +295,12 @@ class Schedule:
         recent = sorted(self.warm[-8:] or self.overheads[-8:])
         return recent[(len(recent) - 1) // 2]
 
-    def _crossed(self, n: int, flat: List[Any]) -> bool:
-        """At a predicted crossing: this call's values, read at once. Past: check it. Not
-        yet (the growth slowed): predict again from them."""
-        began = time.perf_counter()
-        values = self.magnitudes.now(flat) if self.magnitudes is not None else {}
-        LEDGER.spent += time.perf_counter() - began
-        if self._new_regime(values):
-            self.crossings.call = None
-            self.crossings.read_at = (n, values)  # for this call's check
-            return True
-        self.crossings.again(n, values, self.checked_max)
-        return False
-
-    def _new_regime(self, values: Dict[int, float]) -> bool:
+    def new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
+        still = self.integers.still if self.integers is not None else frozenset()
         for i, value in values.items():
-            factor = INTEGER_FACTOR if i in integer else REGIME_FACTOR
+            factor = (REGIME_FACTOR if i not in integer else INTEGER_FACTOR if i in still
+                      else LADDER)
             if not math.isfinite(value):
                 if i not in self.checked_non_finite:
                     return True
@@ -394,6 +346,43 @@ class Schedule:
             self.period = _power_of_two(self.overhead() / (share * pace))
 
 
+def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
+    """At a predicted crossing: this call's values, read at once. Past: check it. Not
+    yet (the growth slowed): predict again from them."""
+    began = time.perf_counter()
+    values = plan.magnitudes.now(flat) if plan.magnitudes is not None else {}
+    LEDGER.spent += time.perf_counter() - began
+    if plan.new_regime(values):
+        plan.crossings.call = None
+        plan.crossings.read_at = (n, values)  # for this call's check
+        return True
+    plan.crossings.again(n, values, plan.checked_max)
+    return False
+
+
+def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes) -> None:
+    """Set what ``plan``'s graph's inputs are followed with (at its first check)."""
+    plan.magnitudes, plan.integers = magnitudes, integers
+    if integers is not None:
+        magnitudes.followed = frozenset(integers.indices)
+
+
+def gate(plan: Schedule) -> None:
+    """Read the small integers that grow at every call while that costs no more than the
+    values' share of the budget less what the other inputs' reads take; else leave them to
+    ``magnitudes`` (read every ``stride``-th call, crossings predicted)."""
+    follower = plan.integers
+    if follower is None or plan.magnitudes is None:
+        return
+    follower.keep_growing()  # once, after the first reads: only what grows
+    pace, cheapest = plan.pace(), follower.seconds
+    if pace and cheapest is not None:
+        share = VALUES_SHARE * LEDGER.share(max(plan.budget, MIN_VALUES_BUDGET)) * pace
+        follower.every_call = cheapest <= share - (plan.measure_seconds or 0.0) / plan.stride
+    follower.every_call = follower.every_call and bool(follower.indices)
+    plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
+
+
 def charge(plan: Schedule, seconds: float) -> None:
     """What reading a deferred check's verdict cost, added to that check's (counted at its
     launch, ``Schedule.checked``)."""
@@ -418,7 +407,10 @@ def coverage(plan: Schedule) -> Dict[str, Any]:
                    "non_finite_checked": bool(plan.checked_non_finite),
                    "inputs_followed": len(plan.magnitudes.watch) if plan.magnitudes
                    else 0,
-                   "stopped": plan.magnitudes.stopped if plan.magnitudes else ""},
+                   "read_every_call": list(plan.integers.indices)
+                   if plan.integers and plan.integers.every_call else [],
+                   "stopped": "; ".join(x.stopped for x in (plan.magnitudes, plan.integers)
+                                        if x is not None and x.stopped)},
         "period": plan.period, "budget": plan.budget, "values_stride": plan.stride,
         "sampled_calls": list(plan.sampled_calls),
         "budget_spent": _share_since(plan.spent, plan.clock),  # until now (graph_record)
