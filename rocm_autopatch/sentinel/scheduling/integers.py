@@ -47,6 +47,7 @@ class Integers:
         self.every_call = True  # while it fits the budget (``schedule`` decides)
         self.seconds: Optional[float] = None  # the cheapest read measured
         self.last: Tuple[int, Dict[int, float]] = (0, {})  # the last values read, their call
+        self.previous: Tuple[int, Dict[int, float]] = (0, {})  # the read before it
         self.rises = dict.fromkeys(self.indices, 0)  # reads above the one before
         self.falls = dict.fromkeys(self.indices, 0)  # reads below it
         self.still: FrozenSet[int] = frozenset()  # found not to grow: off the ladder
@@ -61,7 +62,8 @@ class Integers:
         at, values = self.follow(flat, call)
         if values:
             self.reads += 1
-            last, self.last = self.last, (at, values)
+            last = self.previous = self.last
+            self.last = (at, values)
             for i, v in values.items():
                 before = last[1].get(i, v)
                 self.rises[i] += v > before

@@ -370,15 +370,21 @@ def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes)
 def gate(plan: Schedule) -> None:
     """Read the small integers that grow at every call while that costs no more than the
     values' share of the budget less what the other inputs' reads take; else leave them to
-    ``magnitudes`` (read every ``stride``-th call, crossings predicted)."""
+    ``magnitudes`` (read every ``stride``-th call), handing over their last two reads so
+    that the next rung's call is predicted and read at once there (``crossings``)."""
     follower = plan.integers
     if follower is None or plan.magnitudes is None:
         return
     follower.keep_growing()  # once, after the first reads: only what grows
     pace, cheapest = plan.pace(), follower.seconds
-    if pace and cheapest is not None:
+    if follower.decided and pace and cheapest is not None:
         share = VALUES_SHARE * LEDGER.share(max(plan.budget, MIN_VALUES_BUDGET)) * pace
-        follower.every_call = cheapest <= share - (plan.measure_seconds or 0.0) / plan.stride
+        every = cheapest <= share - (plan.measure_seconds or 0.0) / plan.stride
+        if follower.every_call and not every:
+            for at, values in (follower.previous, follower.last):
+                plan.crossings.read(at, {i: values[i] for i in follower.indices
+                                         if i in values}, follower.indices, plan.checked_max)
+        follower.every_call = every
     follower.every_call = follower.every_call and bool(follower.indices)
     plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
 
