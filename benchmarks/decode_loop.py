@@ -67,8 +67,11 @@ if os.environ.get("BENCH_LADDER"):  # --ladder: the rungs' ratio, for a comparis
     schedule.LADDER = crossings.LADDER = float(os.environ["BENCH_LADDER"])
 costs = []  # each check's cost to the program beyond its call (ms): what the ledger counts
 checked = schedule.Schedule.checked
+checks = []  # each check of a graph past its first call: (graph's call, why, values, passed)
 def counted(self, why, flat, values, passed, call_seconds, check_seconds, outputs):
     costs.append(round((check_seconds - call_seconds) * 1e3, 2))
+    if self.calls > 1:
+        checks.append([self.calls, why, {k: round(v) for k, v in values.items()}, passed])
     return checked(self, why, flat, values, passed, call_seconds, check_seconds, outputs)
 schedule.Schedule.checked = counted
 # what the ledger's reads cost, by kind: (count, ms)
@@ -106,6 +109,7 @@ keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period"
         "checks_read_later", "references", "values")
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 out["check_costs_ms"] = costs
+out["checks"] = checks
 out["ledger_reads"] = {k: [n, round(ms, 2)] for k, (n, ms) in parts.items()}
 print(json.dumps(out))
 """

@@ -5,7 +5,7 @@ from two reads, so that its values are read at once there (``schedule``)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Optional, Tuple
 
 # Integers (positions, lengths, cache indices) are followed closer: a check each time the
 # largest passes 1.25 times the largest checked (issue 43, item 3), so a bug from position p
@@ -25,6 +25,9 @@ class Crossings:
         self.rates: Dict[int, float] = {}  # growth per call
         self.call: Optional[int] = None  # the next predicted crossing
         self.read_at: Tuple[int, Dict[int, float]] = (0, {})  # values read at a crossing
+        # integers known not to grow (token ids): one that rose by chance between two reads
+        # would predict a crossing that never comes, and its fall then cancel the others'
+        self.ignore: FrozenSet[int] = frozenset()
 
     def take(self, n: int) -> Optional[Dict[int, float]]:
         """The values read at call ``n``'s crossing, for its check (one reduction and one
@@ -45,7 +48,7 @@ class Crossings:
         if last is None or at <= last[0]:
             return
         self.rates = {}
-        for i in integer:
+        for i in set(integer) - self.ignore:
             now, before = values.get(i, math.nan), last[1].get(i, math.nan)
             if math.isfinite(now) and math.isfinite(before) and now > before:
                 self.rates[i] = (now - before) / (at - last[0])

@@ -376,6 +376,7 @@ def gate(plan: Schedule) -> None:
     if follower is None or plan.magnitudes is None:
         return
     follower.keep_growing()  # once, after the first reads: only what grows
+    plan.crossings.ignore = follower.still
     pace, cheapest = plan.pace(), follower.seconds
     if follower.decided and pace and cheapest is not None:
         share = VALUES_SHARE * LEDGER.share(max(plan.budget, MIN_VALUES_BUDGET)) * pace
