@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 import pytest
 import torch
 
-from rocm_autopatch.sentinel.scheduling import integers, magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import crossings, integers, magnitudes, schedule
 
 pytestmark = pytest.mark.fast
 
@@ -315,6 +315,24 @@ def test_the_real_reader_on_the_cpu_reads_each_call_at_once() -> None:
     assert reader.follow(flat, 10)[0] == 10
     flat[0] = "not a tensor"
     assert reader.follow(flat, 11) == (0, {}) and reader.stopped and reader.indices == ()
+
+
+def test_each_integer_keeps_its_growth_through_reads_that_lack_it() -> None:
+    """While the position is read at every call the stride-th reads lack it: its growth
+    and its predicted crossing stay (on an H200 such reads erased them, and a rung was
+    checked 28 positions late); a token id known not to grow predicts nothing; a position
+    that falls (a new generation) stops predicting until it grows again."""
+    c = crossings.Crossings()
+    c.ignore = frozenset({1})
+    c.read(10, {0: 25.0, 1: 100.0}, (0, 1), {0: 40.0, 1: 100.0})
+    c.read(20, {0: 35.0, 1: 3000.0}, (0, 1), {0: 40.0, 1: 100.0})
+    assert c.rates == {0: 1.0} and c.call == 36  # 35 + 15 passes 1.25 x 40 at call 36
+    c.read(30, {1: 5.0}, (0, 1), {0: 40.0, 1: 100.0})  # a read without the position
+    assert c.rates == {0: 1.0} and c.call == 36
+    c.read(40, {0: 5.0}, (0, 1), {0: 40.0, 1: 100.0})  # restarted
+    assert c.rates == {} and c.call is None
+    c.read(50, {0: 15.0}, (0, 1), {0: 40.0, 1: 100.0})
+    assert c.rates == {0: 1.0} and c.call == 50 + 35 + 1
 
 
 def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:

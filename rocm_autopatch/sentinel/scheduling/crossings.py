@@ -15,18 +15,20 @@ LADDER = 1.25
 
 
 class Crossings:
-    """Integers that grow steadily (a decode loop's position): from two reads of values (the
-    calls they are from), each one's growth per call, and the call at which it will pass
-    ``LADDER`` times its largest checked. An integer that did not grow since the
-    last read (a loop that restarted, a token id) predicts nothing."""
+    """Integers that grow steadily (a decode loop's position): from two reads of each (the
+    calls they are from), its growth per call, and the call at which it will pass
+    ``LADDER`` times its largest checked. Each integer is followed on its own: a read
+    that lacks one (it was read at every call meanwhile, ``integers``) leaves its growth
+    and its last value as they were; one that fell (a loop that restarted) predicts
+    nothing until it grows again."""
 
     def __init__(self) -> None:
-        self.last: Optional[Tuple[int, Dict[int, float]]] = None  # (call, values)
+        self.seen: Dict[int, Tuple[int, float]] = {}  # each integer's last value, its call
         self.rates: Dict[int, float] = {}  # growth per call
         self.call: Optional[int] = None  # the next predicted crossing
         self.read_at: Tuple[int, Dict[int, float]] = (0, {})  # values read at a crossing
         # integers known not to grow (token ids): one that rose by chance between two reads
-        # would predict a crossing that never comes, and its fall then cancel the others'
+        # would predict a crossing that never comes
         self.ignore: FrozenSet[int] = frozenset()
 
     def take(self, n: int) -> Optional[Dict[int, float]]:
@@ -42,32 +44,36 @@ class Crossings:
     def read(self, at: int, values: Dict[int, float], integer: Any,
              checked: Dict[int, float]) -> None:
         """A read of the values of call ``at``."""
-        if not values:
-            return
-        last, self.last = self.last, (at, values)
-        if last is None or at <= last[0]:
-            return
-        self.rates = {}
         for i in set(integer) - self.ignore:
-            now, before = values.get(i, math.nan), last[1].get(i, math.nan)
-            if math.isfinite(now) and math.isfinite(before) and now > before:
-                self.rates[i] = (now - before) / (at - last[0])
-        self.plan(at, values, checked)
+            now = values.get(i, math.nan)
+            before = self.seen.get(i)
+            if not math.isfinite(now) or (before is not None and at <= before[0]):
+                continue
+            self.seen[i] = (at, now)
+            if before is not None:
+                if now > before[1]:
+                    self.rates[i] = (now - before[1]) / (at - before[0])
+                else:
+                    self.rates.pop(i, None)
+        self.plan(at, {}, checked)
 
     def plan(self, at: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
-        """The next crossing from the values of call ``at``."""
+        """The next crossing, from each growing integer's last value (``values``: those of
+        call ``at``, where it has them)."""
         self.call = None
         for i, rate in self.rates.items():
+            if math.isfinite(values.get(i, math.nan)):
+                self.seen[i] = (at, values[i])
+            seen_at, value = self.seen[i]
             target = LADDER * checked.get(i, 0.0)
-            if values.get(i, math.inf) <= target:
-                call = at + math.floor((target - values[i]) / rate) + 1
+            if value <= target:
+                call = seen_at + math.floor((target - value) / rate) + 1
                 self.call = min(self.call or call, call)
 
     def again(self, n: int, values: Dict[int, float], checked: Dict[int, float]) -> None:
         """A predicted crossing that had not come (the growth slowed): predicted again from
-        this call's values, unless they fell (the loop restarted)."""
-        last = self.last[1] if self.last else {}
-        if all(values.get(i, -math.inf) >= last.get(i, math.inf) for i in self.rates):
-            self.plan(n, values, checked)
-        else:
-            self.call = None
+        this call's values; an integer that fell (the loop restarted) predicts nothing."""
+        for i in list(self.rates):
+            if values.get(i, math.inf) < self.seen[i][1]:
+                del self.rates[i]
+        self.plan(n, values, checked)
