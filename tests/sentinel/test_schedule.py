@@ -289,9 +289,15 @@ def test_only_integers_that_grow_are_read_every_call(clock: Clock) -> None:
                                                                                  (0, 1)))
     assert plan.integers.indices == (0, 1) and plan.magnitudes.followed == {0, 1}
     ids = torch.randint(0, 32000, (200,), generator=torch.Generator().manual_seed(0))
+    decided = None
     for call in range(200):
         flat = [torch.tensor([16 + call % 50]), ids[call].reshape(1, 1)]
         why = plan.due(flat)
+        if decided is None and plan.integers.decided:
+            # decided once 9 reads came (calls 2-10; the first is checked, not read), before
+            # call 11's own read
+            decided = plan.calls
+            assert decided == 11 and plan.integers.reads == 10
         if why is not None:
             plan.checked(why, flat, plan.magnitudes.now(flat), True, 5e-3, 5e-3, [])
         clock.now += 5e-3

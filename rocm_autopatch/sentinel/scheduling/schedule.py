@@ -69,7 +69,6 @@ REGIME_FACTOR = 4.0  # "well beyond": two binades above the largest magnitude ch
 VALUES_SHARE = 0.25
 MIN_VALUES_BUDGET = 0.01  # with a budget of 0 (first calls only) values are still followed
 FOLLOW_GATE = 64  # calls between two decisions whether the small integers' reads fit
-FOLLOW_DECIDE = 10  # the call after the first ones at which those that grow are kept
 # Integer inputs that do not grow (token ids, labels: up and down from call to call) are
 # checked past twice the largest checked, as all integers were before the ladder; their
 # largest soon nears its bound (the vocabulary) and they stop forcing checks.
@@ -216,7 +215,7 @@ class Schedule:
                           or self.affordable()):
             return SHAPE
         if self.integers is not None:
-            if n % FOLLOW_GATE == 0 or n == self.first + FOLLOW_DECIDE:
+            if n % FOLLOW_GATE == 0 or not self.integers.decided:
                 gate(self)
             if self.integers.every_call:  # has a small integer passed its rung?
                 values, seconds = self.integers.read(flat, n)
