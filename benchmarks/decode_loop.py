@@ -18,6 +18,10 @@ checks and value reads over the time since the first warm call, all graphs).
 verdict read at the checked call (as before the deferred verdict, ``sentinel/runs/deferred``).
 
 ``share``: the ``check`` arm alone (the sentinel's share, without the speed comparison).
+Each ``check`` process also reports its checks past a graph's first call (``checks``: the
+call, why, the watched inputs' values, passed) and what the ledger's reads cost by kind
+(``ledger_reads``: reads every call, every ``stride`` calls, at a predicted rung).
+``--ladder 2``: the ladder's rungs 2x apart, as before issue 43 item 3, to see its cost.
 
 ``ab``: both arms in one process, which removes the process-to-process spread (the same
 arm moved up to 1.9x between processes on the lent GPUs): two copies of the model with

@@ -223,16 +223,16 @@ def test_a_cheap_graph_in_a_loop_is_followed_against_the_programs_time(
 
 
 @pytest.mark.heavy(25)
-def test_a_bug_that_starts_at_a_position_is_found_by_twice_that_position(
+def test_a_bug_that_starts_at_a_position_is_found_by_a_quarter_past_that_position(
         torch_venv: Venv) -> None:
     """A decode loop's position (an integer tensor input, as transformers' cache_position)
     from 1 to 600, the graph a sixth of the loop (a decode step is one part of a serving
     loop); the graph is wrong once its activations pass 1, from position 100 on.
-    Integer inputs are checked each time they pass twice the largest checked: found by
-    position 200, on the values alone (sampling off: budget 0)."""
+    An integer that grows is checked each time it passes 1.25 times the largest checked:
+    found by position 125, on the values alone (sampling off: budget 0)."""
     bug = "x * torch.sigmoid(x) * torch.where(x > 1.0, 1.5, 1.0)"
     inputs = ("torch.randn(4, 128, generator=gen) * 0.001, "
               "torch.tensor(i, dtype=torch.int64)")
     g = _loop(torch_venv, bug, inputs, 600, 5, ROCM_AUTOPATCH_VERIFY_BUDGET="0")
     assert g["status"] == "failed" and g["found_because"] == "values", g
-    assert 99 <= g["wrong"][0] <= 101 and g["found_at_call"] <= 2 * g["wrong"][0], g
+    assert 99 <= g["wrong"][0] <= 101 and g["found_at_call"] <= 1.25 * g["wrong"][0], g
