@@ -190,3 +190,4 @@ def test_small_integer_inputs_are_read_every_call_without_a_synchronisation(
     assert got["stopped"] == "" and got["wrong"] == [], got
     # a call whose slots were all in flight is not copied: most are, and read to the end
     assert got["reads"] >= 1000 and got["last_read"] >= 2900, got
+    assert got["oldest_read_calls"] <= 4, got  # none older than the ring of slots

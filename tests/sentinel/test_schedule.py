@@ -91,9 +91,10 @@ def _values_checks(clock: Clock, dtype: Any, reads: Any = None,
             if why == schedule.VALUES:
                 found.append(position)
             values = plan.crossings.take(plan.calls)
-            if values is not None:
-                assert values == plan.magnitudes.now(flat) and taken is not None
-                taken.append(position)
+            if values is not None:  # a check at a rung read at once: those values
+                assert values == plan.magnitudes.now(flat)
+                if taken is not None:
+                    taken.append(position)
             plan.checked(why, flat, values or plan.magnitudes.now(flat), True, 1.0, 1.0, [])
         clock.now += 1.0
     return found
@@ -118,8 +119,9 @@ def test_an_integer_input_is_checked_at_each_rung_of_the_ladder(clock: Clock) ->
     assert _by(ints, schedule.LADDER)
     assert not _by(ints, 1.2)  # the ladder is no finer than it says
     assert _values_checks(clock, torch.float32) == [5, 21, 85, 341]
-    # the same with the integer read every stride-th call, as before (no reader)
-    assert _values_checks(clock, torch.int64, follow=None) == ints
+    # the same with the integer read every stride-th call, as before (no reader): on the
+    # ladder once two reads found it growing (position 2 is past 2x 1, not past 1.25x)
+    assert _values_checks(clock, torch.int64, follow=None) == ints[1:]
 
 
 class _Late(integers.Integers):
@@ -159,6 +161,50 @@ def test_generations_that_restart_are_each_checked_by_their_rung(clock: Clock) -
     assert len(found) == len(set(found)) and found == sorted(found), found
     assert all(any(p <= c <= 1.25 * p for c in found) for p in (150, 165, 180))
     assert max(found) <= 235 and len(found) <= 12, found
+
+
+@pytest.mark.parametrize("late", [1, 4])
+def test_a_new_generation_is_not_carried_past_a_rung_it_never_reaches(
+        clock: Clock, late: int) -> None:
+    """Generations of positions 16-135, fifty of them, read 1 or 4 calls late: the last
+    read of a generation, carried forward by its growth, passes the next rung (116 x 1.25)
+    at the first calls of the next generation, which are at 16-19. Such a crossing is read
+    at once before it is checked: none is (it forced a check at 16 in every generation)."""
+    found = _values_checks(clock, torch.int64, follow=_Late(late),
+                           positions=[p for _ in range(50) for p in range(16, 136)])
+    # each rung once, in the first generation, up to the last the generations reach (the
+    # next one is past 135)
+    assert found == sorted(set(found)) and len(found) <= 9, found
+    assert int(1.25 * found[-1]) + 1 > 135, found
+
+
+def test_reads_turned_on_again_forget_the_slots_and_reads_of_before(clock: Clock) -> None:
+    """The gate turns the reads every call off (too dear at this pace), then on again:
+    what the ring and the growth held from before is dropped, not carried over the gap."""
+    plan = schedule.Schedule(1, 0.01, [])
+    reader = integers.followed([torch.tensor([16])], [0])
+    schedule.follow(plan, reader, magnitudes.Magnitudes([0], (0,)))
+    plan.calls, plan.clock, plan.call_seconds = 100, clock.now - 100 * 5e-3, 5e-3
+    reader.decided, reader.seconds = True, 1.0  # a second a read: off
+    reader.last = reader.previous = (90, {0: 106.0})
+    schedule.gate(plan)
+    assert not reader.every_call and plan.magnitudes.followed == frozenset()
+    reader.calls[1], reader.seconds = 91, 1e-9  # a slot never read; now cheap: on
+    schedule.gate(plan)
+    assert reader.every_call and plan.magnitudes.followed == {0}
+    assert reader.calls == [0] * integers.SLOTS and reader.last == reader.previous == (0, {})
+
+
+def test_integers_no_reader_follows_are_on_the_ladder_only_once_seen_growing(
+        clock: Clock) -> None:
+    """Integer inputs too large to read every call (a batch of labels, a prefill's ids):
+    checked past 2x, unless their reads every ``stride`` calls found them growing."""
+    plan = schedule.Schedule(1, 0.0, [])
+    schedule.follow(plan, None, magnitudes.Magnitudes([0], (0,)))
+    assert schedule.ratio(plan, 0) == schedule.INTEGER_FACTOR
+    plan.crossings.read(10, {0: 100.0}, (0,), {0: 100.0})
+    plan.crossings.read(20, {0: 110.0}, (0,), {0: 100.0})
+    assert schedule.ratio(plan, 0) == schedule.LADDER
 
 
 def test_a_position_read_late_every_stride_calls_is_checked_by_its_rung(

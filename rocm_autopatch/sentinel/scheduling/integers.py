@@ -35,6 +35,7 @@ class Integers:
                 chosen.append(i)
                 total += flat[i].numel()
         self.indices: Tuple[int, ...] = tuple(chosen)
+        self.chosen = self.indices  # before keep_growing: all on the ladder
         self.stopped = ""  # why they are no longer followed ("" while they are)
         self.host: Any = None  # pinned [SLOTS, FOLLOW_NUMEL] int64
         self.events: List[Any] = []
@@ -52,14 +53,20 @@ class Integers:
         self.falls = dict.fromkeys(self.indices, 0)  # reads below it
         self.still: FrozenSet[int] = frozenset()  # found not to grow: off the ladder
         self.reads = 0  # reads that returned values
+        self.carried = False  # the last values returned were an earlier call's, carried on
+        self.worked = False  # the last follow copied or read something (its cost counts)
         self.decided = False  # whether keep_growing chose
 
     def read(self, flat: List[Any], call: int) -> Tuple[Dict[int, float], float]:
         """The values as they stand at this call, and the seconds the read took. On a GPU
         they are a call or a few old: a value that grew steadily is carried forward by its
-        growth per call, so that a rung is seen at the call that passes it."""
+        growth per call (``carried``), so that a rung is seen at the call that passes it
+        (``schedule`` confirms it with a read at once: a loop that restarted meanwhile
+        would be carried past a rung it never reached)."""
         began = time.perf_counter()
+        self.worked = False
         at, values = self.follow(flat, call)
+        self.carried = bool(values) and at < call
         if values:
             self.reads += 1
             last = self.previous = self.last
@@ -72,8 +79,16 @@ class Integers:
                 values = {i: v + (call - at) * max(v - last[1].get(i, v), 0.0)
                           / (at - last[0]) for i, v in values.items()}
         seconds = time.perf_counter() - began
-        self.seconds = min(self.seconds or seconds, seconds)
+        if self.worked or values:  # a call whose slots were all in flight did nothing
+            self.seconds = min(self.seconds or seconds, seconds)
         return values, seconds
+
+    def restart(self) -> None:
+        """Forget the slots and reads of before (reads turned on again after a pause:
+        carried forward from calls long past, they would force checks)."""
+        self.calls = [0] * SLOTS
+        self.next = self.oldest = 0
+        self.last = self.previous = (0, {})
 
     def keep_growing(self) -> None:
         """Keep following only the inputs that grow (a position: up at every read, down
@@ -125,11 +140,14 @@ class Integers:
             found = (self.calls[slot], values)
             self.calls[slot] = 0
             self.oldest = (slot + 1) % SLOTS
+            self.worked = True
         return found
 
     def _queue(self, tensors: List[Any], call: int) -> None:
         slot = self.next
         if self.calls[slot]:  # every slot still in flight: this call is not copied
+            return
+        if sum(t.numel() for t in tensors) > FOLLOW_NUMEL:  # a larger call: not copied
             return
         if self.host is None:
             self.host = torch.empty((SLOTS, FOLLOW_NUMEL), dtype=torch.int64,
@@ -142,10 +160,13 @@ class Integers:
         else:
             parts = [t.reshape(-1).to(torch.int64) for t in tensors]
             sizes = tuple(p.numel() for p in parts)
-            self._target(slot, (sum(sizes),)).copy_(torch.cat(parts), non_blocking=True)
-        self.events[slot].record()
+            source = torch.cat(parts)
+            self._target(slot, (sum(sizes),)).copy_(source, non_blocking=True)
+        # on the stream of the inputs' device (a model split over GPUs in one process)
+        self.events[slot].record(torch.cuda.current_stream(source.device))
         self.calls[slot], self.layout[slot] = call, (self.indices, sizes)
         self.next = (slot + 1) % SLOTS
+        self.worked = True
 
     def _target(self, slot: int, shape: Tuple[int, ...]) -> Any:
         """The slot's first elements in ``shape``, a view made once (a decode loop's

@@ -220,7 +220,8 @@ class Schedule:
             if self.integers.every_call:  # has a small integer passed its rung?
                 values, seconds = self.integers.read(flat, n)
                 LEDGER.spent += seconds
-                if values and self.new_regime(values):
+                if values and self.new_regime(values) and (
+                        not self.integers.carried or crossed(self, n, flat)):
                     self.values_read_stride = 1
                     return VALUES
         if self.magnitudes is not None and n % self.stride == 0:
@@ -296,10 +297,8 @@ class Schedule:
 
     def new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
-        still = self.integers.still if self.integers is not None else frozenset()
         for i, value in values.items():
-            factor = (REGIME_FACTOR if i not in integer else INTEGER_FACTOR if i in still
-                      else LADDER)
+            factor = ratio(self, i) if i in integer else REGIME_FACTOR
             if not math.isfinite(value):
                 if i not in self.checked_non_finite:
                     return True
@@ -359,6 +358,18 @@ def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
     return False
 
 
+def ratio(plan: Schedule, i: int) -> float:
+    """How far past its largest checked an integer input is checked: ``LADDER`` for one
+    that grows (the reader's, once it has decided; before, all it reads; else one whose
+    reads every ``stride`` calls found it growing), ``INTEGER_FACTOR`` for the others."""
+    follower = plan.integers
+    if follower is not None and i in follower.chosen and not follower.stopped:
+        growing = i in (follower.indices if follower.decided else follower.chosen)
+    else:
+        growing = i in plan.crossings.rates
+    return LADDER if growing else INTEGER_FACTOR
+
+
 def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes) -> None:
     """Set what ``plan``'s graph's inputs are followed with (at its first check)."""
     plan.magnitudes, plan.integers = magnitudes, integers
@@ -384,6 +395,8 @@ def gate(plan: Schedule) -> None:
             for at, values in (follower.previous, follower.last):
                 plan.crossings.read(at, {i: values[i] for i in follower.indices
                                          if i in values}, follower.indices, plan.checked_max)
+        elif every and not follower.every_call:
+            follower.restart()
         follower.every_call = every
     follower.every_call = follower.every_call and bool(follower.indices)
     plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
