@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Dict
 
 import pytest
@@ -90,7 +91,10 @@ def test_a_long_compile_says_what_it_is_doing_until_it_ends(torch_venv: Venv) ->
     assert 1 <= len(progress) <= 3, err
     assert all("s so far;" in line for line in progress)
     (done,) = [line for line in err.splitlines() if "compile of slow_one" in line]
-    assert "finished after 3." in done, done
+    # the 3.5 s sleep plus Dynamo's own time: 3.x s alone, 4.0 s on the 2-core machine
+    # with the suite's three workers loaded (2026-11-27)
+    took = float(re.search(r"finished after ([0-9.]+) s", done).group(1))
+    assert 3.5 <= took < 6, done
     assert len(out["warnings"]) == 1  # the warning itself, once
     code = SLOW.replace("SLEEP", "3.5").replace("RECOMPILE", "False")
     proc = torch_venv.run(code, env={"ROCM_AUTOPATCH": "force",
