@@ -181,15 +181,10 @@ class Integers:
 
 
 def _now(tensors: List[Any]) -> List[float]:
-    """max |x| of each (CPU) tensor, read at once."""
-    found = []
-    for t in tensors:
-        if t.numel() == 1:
-            found.append(float(abs(t.item())))
-        else:
-            low, high = (int(v) for v in torch.aminmax(t))
-            found.append(float(max(high, -low)))
-    return found
+    """max |x| of each (CPU) tensor, read at once: a one-element input (a decode step's
+    position) by ``item``, others as ``magnitudes`` reads them on the host."""
+    return [float(abs(t.item())) if t.numel() == 1 else magnitudes._on_host([t])[0]
+            for t in tensors]
 
 
 def followed(flat: List[Any], integer: Sequence[int]) -> Optional[Integers]:
