@@ -12,7 +12,7 @@ from transformers import OPTConfig, OPTForCausalLM
 
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
-config = OPTConfig(vocab_size=256, hidden_size=128, ffn_dim=512, num_hidden_layers=2,
+config = OPTConfig(vocab_size=256, hidden_size=128, ffn_dim=512, num_hidden_layers=1,
                    num_attention_heads=4, max_position_embeddings=128,
                    word_embed_proj_dim=128)
 model = OPTForCausalLM(config).to(device).eval()
