@@ -92,7 +92,36 @@ def test_force_applies_safe_core_in_every_thread(torch_venv: Venv) -> None:
     assert out["guard"] == "compile_options.py"
 
 
-@pytest.mark.parametrize("value", ["0", "OFF", "false", "No"])
+@pytest.mark.fast
+@pytest.mark.parametrize("value", ["0", "OFF", "false", "No", " off ", "FALSE"])
+def test_every_spelling_of_off_stops_the_trigger_and_the_bootstrap(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """The words of off, read where they act: the .pth line's trigger (the text the wheel
+    writes) installs nothing, and the bootstrap's parse says off; "auto" installs it. The
+    subprocess test below proves two spellings end to end (one a process each, issue 42)."""
+    import sys
+
+    from rocm_autopatch.startup import bootstrap
+
+    assert bootstrap.parse_mode(value) == "off"
+    saved = getattr(sys, "_rocm_autopatch", None)
+    try:
+        for mode, installs in ((value, False), ("auto", True)):
+            if hasattr(sys, "_rocm_autopatch"):
+                del sys._rocm_autopatch  # as in a process the .pth has not run in yet
+            monkeypatch.setenv("ROCM_AUTOPATCH", mode)
+            exec(_rocm_autopatch_start.TRIGGER, {})
+            assert hasattr(sys, "_rocm_autopatch") is installs, mode
+            if installs:
+                sys.meta_path.remove(sys._rocm_autopatch)
+    finally:
+        if hasattr(sys, "_rocm_autopatch"):
+            del sys._rocm_autopatch
+        if saved is not None:
+            sys._rocm_autopatch = saved
+
+
+@pytest.mark.parametrize("value", ["0", "No"])
 def test_off_means_nothing_of_ours_runs_beyond_a_check(torch_venv: Venv, value: str) -> None:
     out = torch_venv.json(SNAPSHOT, env={"ROCM_AUTOPATCH": value})
     # torch's autoload imports the entry point's module, which reads ROCM_AUTOPATCH and stops.
