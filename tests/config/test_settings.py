@@ -32,7 +32,8 @@ def test_every_variable_unset_gives_its_default_and_no_warning(var: settings.Var
 @pytest.mark.parametrize("name, raw", [
     (settings.VERIFY, "maybe"), (settings.VERIFY_CALLS, "-2"), (settings.VERIFY_CALLS, "1.5"),
     (settings.PROFILE, "fast"), (settings.LOG, "loud"), (settings.WATCHDOG, "nan"),
-    (settings.WATCHDOG, "inf"), (settings.ALLOW_GRAPHS, "2"), (settings.MODE, "banana"),
+    (settings.WATCHDOG, "inf"), (settings.WATCHDOG, "soon"), (settings.WATCHDOG, "-3"),
+    (settings.ALLOW_GRAPHS, "2"), (settings.MODE, "banana"),
     (settings.RANK, "²"), (settings.RANK, "../escape"), (settings.RANK, "a/b"),
     (settings.RANK, "7" * 300), (settings.LOCAL_RANK, "-1"),
 ])
@@ -46,7 +47,8 @@ def test_a_bad_value_warns_with_the_name_and_what_is_accepted(name: str, raw: st
 
 @pytest.mark.parametrize("raw, mode", [("1", "check"), ("yes", "check"), ("TRUE", "check"),
                                        ("on", "check"), ("check", "check"),
-                                       ("fallback", "fallback"), ("0", "off"), ("no", "off")])
+                                       ("fallback", "fallback"), ("0", "off"), ("no", "off"),
+                                       ("off", "off")])
 def test_verify_accepts_the_documented_words(raw: str, mode: str) -> None:
     # A value it does not know is the default, off (issue 44: a misspelt value once turned
     # the costly check on), and says so.
@@ -54,7 +56,7 @@ def test_verify_accepts_the_documented_words(raw: str, mode: str) -> None:
     assert misspelt.value == "off" and "Using off" in misspelt.problem
     assert settings.read(settings.VERIFY, {settings.VERIFY: raw}) == (mode, raw, "")
     assert raw.lower() in settings.BY_NAME[settings.VERIFY].accepted or raw.lower() in (
-        "0", "no")
+        "0", "no", "off")
 
 
 def test_torch_autoload_follows_torchs_own_rule() -> None:

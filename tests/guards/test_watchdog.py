@@ -69,7 +69,9 @@ def test_zero_turns_it_off(torch_venv: Venv) -> None:
     assert out["fix"]["status"] == "skipped"
 
 
-@pytest.mark.parametrize("value", ["soon", "-3", "nan"])
+# One bad value through the wheel (the parse of "-3", "nan" and more: test_settings, in
+# this process; a compile each took 24 CPU s of the suite, issue 42).
+@pytest.mark.parametrize("value", ["soon"])
 def test_bad_value_warns_once_and_uses_the_default(torch_venv: Venv, value: str) -> None:
     out, err = slow(torch_venv, 0.0, {"ROCM_AUTOPATCH_COMPILE_WATCHDOG": value})
     assert err.count(f"ROCM_AUTOPATCH_COMPILE_WATCHDOG={value!r} is not understood") == 1

@@ -75,7 +75,9 @@ def test_two_processes_a_shell_starts_with_one_path_both_keep_their_report(
     assert len(said) == 1 and all(f"pid {p.pid}" in said[0] for p in procs)
 
 
-@pytest.mark.parametrize("value", ["²", "../escape", "a/b", "7" * 300])
+# Two of the bad ranks through the wheel (a compile and a doctor each); the parse of every
+# one of them, "a/b" and 300 digits too, is test_settings' (issue 42).
+@pytest.mark.parametrize("value", ["²", "../escape"])
 def test_a_rank_that_is_not_a_number_names_the_variable_and_keeps_the_report(
         torch_venv: Venv, tmp_path: Path, value: str) -> None:
     out = tmp_path / "reports"

@@ -191,7 +191,8 @@ def test_a_graph_without_a_float64_reference_is_skipped_and_the_program_goes_on(
     assert "side effects" in g["reason"] and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("value", [None, "0", "off"])
+# Unset and "0" through the wheel; every word of off is read in test_settings (issue 42).
+@pytest.mark.parametrize("value", [None, "0"])
 def test_off_loads_nothing_and_wraps_nothing(torch_venv: Venv, tmp_path: Path,
                                              value: str) -> None:
     env = {} if value is None else {"ROCM_AUTOPATCH_VERIFY": value}
