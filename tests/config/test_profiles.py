@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -238,12 +240,12 @@ print(json.dumps({"value": ic.compile_threads, "entry": c.to_dict()}))
 """
 
 
-QUOTAS = [  # a FAKE cgroup directory's files (a container's CPU quota) -> CPUs, or None
-    ({"cpu.max": "100000 100000"}, 1),                                  # cgroup v2, 1 CPU
+QUOTAS = [  # a FAKE cgroup directory's files (a container's CPU quota) -> the CPUs it allows
+    ({"cpu.max": "100000 100000"}, 1.0),                                # cgroup v2, 1 CPU
     ({"cpu.max": "max 100000"}, None),                                  # v2, no quota
-    ({"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 1),  # v1, 0.5
+    ({"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 0.5),  # v1
     ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),  # v1, none
-    ({"cpu/cpu.cfs_quota_us": "250000", "cpu/cpu.cfs_period_us": "100000"}, 3),  # 2.5 -> 3
+    ({"cpu/cpu.cfs_quota_us": "250000", "cpu/cpu.cfs_period_us": "100000"}, 2.5),
     ({"cpu.max": "9" * 400 + " 100000"}, None),  # absurd: no usable quota, nothing raised
     ({"cpu.max": "1 0"}, None),                   # a zero period
 ]
@@ -257,16 +259,19 @@ def _fake_cgroup(root: Path, files: Dict[str, str]) -> str:
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("files, expected", QUOTAS)
-def test_usable_cpus_reads_each_kind_of_cgroup_quota(tmp_path: Path, files: Dict[str, str],
-                                                     expected: Optional[int]) -> None:
-    unbounded = probe.usable_cpus(str(tmp_path / "none"))  # the affinity mask alone
-    assert probe.usable_cpus(_fake_cgroup(tmp_path, files)) == min(expected or unbounded,
-                                                                   unbounded)
+@pytest.mark.parametrize("files, limit", QUOTAS)
+def test_usable_cpus_reads_each_kind_of_cgroup_quota(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: Dict[str, str],
+        limit: Optional[float]) -> None:
+    root = _fake_cgroup(tmp_path, files)
+    assert probe.cgroup_cpu_limit(root) == limit
+    # 64 CPUs in the affinity mask: the quota, rounded up, is what bounds the count
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(64)), raising=False)
+    assert probe.usable_cpus(root) == (64 if limit is None else math.ceil(limit))
 
 
 # Through the wheel, a quota and none (a process each: the parse's cases are above, issue 42).
-@pytest.mark.parametrize("files, expected", [QUOTAS[0], QUOTAS[1]])
+@pytest.mark.parametrize("files, expected", [(QUOTAS[0][0], 1), (QUOTAS[1][0], None)])
 def test_compile_threads_capped_by_the_cgroup_quota(torch_venv: Venv, tmp_path, files,
                                                     expected) -> None:
     _fake_cgroup(tmp_path, files)

@@ -104,17 +104,20 @@ def test_every_spelling_of_off_stops_the_trigger_and_the_bootstrap(
     from rocm_autopatch.startup import bootstrap
 
     assert bootstrap.parse_mode(value) == "off"
-    saved = getattr(sys, "_rocm_autopatch", None)
+    saved, finders = getattr(sys, "_rocm_autopatch", None), list(sys.meta_path)
     try:
         for mode, installs in ((value, False), ("auto", True)):
             if hasattr(sys, "_rocm_autopatch"):
                 del sys._rocm_autopatch  # as in a process the .pth has not run in yet
             monkeypatch.setenv("ROCM_AUTOPATCH", mode)
-            exec(_rocm_autopatch_start.TRIGGER, {})
+            # VIA set: the trigger installs itself and fires nothing, even where this
+            # process has imported torch (start() fires it itself)
+            exec(_rocm_autopatch_start.TRIGGER, {"VIA": "test"})
             assert hasattr(sys, "_rocm_autopatch") is installs, mode
-            if installs:
-                sys.meta_path.remove(sys._rocm_autopatch)
+            assert (len(sys.meta_path) == len(finders) + 1) is installs, mode
+            sys.meta_path[:] = finders
     finally:
+        sys.meta_path[:] = finders
         if hasattr(sys, "_rocm_autopatch"):
             del sys._rocm_autopatch
         if saved is not None:

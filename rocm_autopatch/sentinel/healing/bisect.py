@@ -155,7 +155,7 @@ def _known_wrong(bisector: Any, on_gpu: bool) -> str:
     known: wrong), or "" where it must run. Three of torch's questions are that compile
     again: the inductor stage with nothing off; CUDA graphs off, for a graph on the CPU; and
     ``fallback_random=True``, for a graph without random ops (the sentinel compares none that
-    has them, so it writes no repro of one). On the README demo's graph: 3 of 24 runs."""
+    has them, so it writes no repro of one). On the README demo's graph: 3 of 23 (20 run)."""
     from torch._inductor import compiler_bisector as cb
 
     backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
