@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-from conftest import Venv
+from conftest import Venv, fake_kfd
 
 from rocm_autopatch import probe
 from rocm_autopatch.config import profiles
@@ -314,17 +314,6 @@ print(json.dumps({"value": ic.coordinate_descent_tuning, "entry": c.to_dict()}))
 """
 
 
-def _fake_kfd(root: Path, target: Optional[int]) -> str:
-    """A FAKE KFD topology: a CPU node and, with ``target``, one GPU of that gfx version."""
-    (root / "0").mkdir()
-    (root / "0" / "properties").write_text("gfx_target_version 0\n")  # the CPU node
-    (root / "1").mkdir()
-    if target:
-        (root / "1" / "properties").write_text(
-            f"cpu_cores_count 0\ngfx_target_version {target}\n")
-    return str(root)
-
-
 @pytest.mark.fast
 @pytest.mark.parametrize("target, tuned", [(120001, False), (110000, False), (90402, True),
                                            (None, True)])
@@ -335,7 +324,7 @@ def test_perf_coordinate_descent_is_decided_by_the_gpu_arch(tmp_path: Path, targ
 
     (setting,) = [s for s in profiles.PERF_EXTRA
                   if s.key == "inductor.coordinate_descent_tuning"]
-    root = _fake_kfd(tmp_path, target)
+    root = fake_kfd(tmp_path, target or 0)  # a node of gfx target 0 is no GPU
     why = applier._condition_fails(setting, lambda: probe.arch_names(root))
     assert (why == "") is tuned, why
     if not tuned:
@@ -348,7 +337,7 @@ def test_perf_coordinate_descent_is_decided_by_the_gpu_arch(tmp_path: Path, targ
 def test_perf_coordinate_descent_depends_on_the_gpu_arch(torch_venv: Venv, tmp_path,
                                                          target, tuned) -> None:
     """A FAKE KFD topology stands for the GPU (gfx1201, gfx942)."""
-    _fake_kfd(tmp_path, target)
+    fake_kfd(tmp_path, target)
     out = torch_venv.json(ARCH, env={"ROCM_AUTOPATCH": "force",
                                      "ROCM_AUTOPATCH_PROFILE": "perf",
                                      "ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)})
