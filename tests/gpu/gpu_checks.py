@@ -699,6 +699,41 @@ def integers_every_call() -> Dict[str, Any]:
             "stopped": reader.stopped, "oldest_read_calls": lag}
 
 
+def capture_fails() -> Dict[str, Any]:
+    """A graph whose references cannot be captured (``cholesky`` synchronises: "operation
+    not permitted when stream is capturing"), checked at its first three calls: after
+    the failed capture the program's own random ops still run, drawing the same numbers
+    as without the sentinel (before: "Offset increment outside graph capture encountered
+    unexpectedly" at every one), and nothing of the failure is printed."""
+    import contextlib
+    import io
+
+    import torch
+
+    import rocm_autopatch
+
+    f = torch.compile(lambda x: torch.linalg.cholesky(x) * 2)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(8, 8, device="cuda", generator=gen)
+    spd = a @ a.T + 8 * torch.eye(8, device="cuda")
+    torch.manual_seed(1)
+    drawn, errors, printed = [], [], io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        for _ in range(4):
+            f(spd)
+            try:
+                drawn.append(torch.randn(4, device="cuda"))
+                drawn.append(torch.nn.functional.dropout(torch.ones(8, device="cuda"), 0.5))
+            except RuntimeError as exc:
+                errors.append(str(exc).splitlines()[0][:160])
+    torch.cuda.synchronize()
+    graphs = (rocm_autopatch.report().verify or {}).get("graphs", [])
+    return {"errors": errors, "drawn": _digest(drawn), "traceback_printed":
+            "FX-traced" in printed.getvalue() or "Traceback" in printed.getvalue(),
+            "graphs": [{"status": g["status"], "references": g.get("references", ""),
+                        "checked": g.get("calls_checked")} for g in graphs]}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -725,6 +760,9 @@ SCENARIOS: Dict[str, tuple] = {
     "integers_every_call": (integers_every_call, {"ROCM_AUTOPATCH": "force"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
+    "capture_fails": (capture_fails, {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY":
+                                      "check", "ROCM_AUTOPATCH_VERIFY_CALLS": "3"}),
+    "capture_fails_unwatched": (capture_fails, {"ROCM_AUTOPATCH": "force"}),
 }
 
 

@@ -191,3 +191,18 @@ def test_small_integer_inputs_are_read_every_call_without_a_synchronisation(
     # a call whose slots were all in flight is not copied: most are, and read to the end
     assert got["reads"] >= 1000 and got["last_read"] >= 2900, got
     assert got["oldest_read_calls"] <= 4, got  # none older than the ring of slots
+
+
+def test_a_capture_that_fails_leaves_the_programs_random_numbers_as_they_were(
+        results: dict) -> None:
+    """issue 43: references that cannot be captured (cholesky synchronises) run op by op;
+    the program's random ops after it draw what they draw without the sentinel (before,
+    each raised: the failed capture left the generator marked as captured), and the
+    failure prints nothing (before: torch's traceback of the graph's line, 30 lines)."""
+    watched, unwatched = results["capture_fails"], results["capture_fails_unwatched"]
+    assert watched["errors"] == [] and unwatched["errors"] == [], watched
+    assert watched["drawn"] == unwatched["drawn"], (watched, unwatched)
+    assert watched["traceback_printed"] is False, watched
+    (graph,) = watched["graphs"]
+    assert graph["status"] == "passed" and graph["checked"] == 3, graph
+    assert "capturing them failed" in graph["references"], graph

@@ -261,6 +261,38 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
     assert memory.out_of_memory(raised.value) and graph.inference_mode
 
 
+def test_the_references_call_the_graph_as_a_function_hooks_unseen_nothing_printed(
+        capfd: pytest.CaptureFixture) -> None:
+    """The sentinel's runs of a graph are not calls of the module: the program's global
+    module hooks (here a pre-hook) never see them, and a run that raises (on an H200 a capture of
+    ``cholesky``, which synchronises: "operation not permitted when stream is capturing")
+    prints nothing. Called as a module, torch prints the failing line and a traceback on
+    stderr before raising (torch/fx/graph_module.py ``_WrappedCall``): 30 lines per graph
+    in torch's OpInfo run on the H200, the graph passing all the same."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.runs import numerics
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    gm = dynamo_graph(lambda x: torch.linalg.cholesky(x) * 2, torch.eye(3))
+    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    seen: List[Any] = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: seen.append(type(module).__name__))
+    try:
+        fine = graph.eager_run(torch.eye(3) * 4)
+        analysis = numerics.analyse(graph.eager_run, [torch.eye(3)])
+        assert analysis.error == "" and analysis.mutated == frozenset()
+        with pytest.raises(torch.linalg.LinAlgError):  # not positive-definite
+            graph.eager_run(-torch.eye(3))
+        assert seen == [] and "FX-traced" not in capfd.readouterr().err
+        with pytest.raises(torch.linalg.LinAlgError):  # what the module call does
+            gm(-torch.eye(3))
+        assert seen and "Call using an FX-traced Module" in capfd.readouterr().err
+    finally:
+        hook.remove()
+    assert torch.equal(fine[0], torch.eye(3) * 4)  # a Dynamo graph returns a tuple
+
+
 def _grouped(monkeypatch: pytest.MonkeyPatch) -> Any:
     """torch's grouped GEMM with its float64 stand-in taken away: a real ATen op with no
     float64 kernel on this CPU ("Expected mat_a to be Float32, BFloat16 or Float16")."""

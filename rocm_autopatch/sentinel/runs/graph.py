@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rocm_autopatch import frames, record
 from rocm_autopatch.sentinel.judging import allowance, choices
@@ -105,8 +105,11 @@ class Graph:
 
     @functools.cached_property
     def eager_run(self) -> Any:
-        """The graph run eagerly on its inputs followed by the tensors it holds itself."""
-        return numerics.bind_state(self.gm, self.gm, self.names)
+        """The graph run eagerly on its inputs followed by the tensors it holds itself,
+        as a function (``as_function``): the program's module hooks never see it, and
+        where it raises (a capture that fails, an op a fake tensor cannot run) nothing is
+        printed: the graph's record says why."""
+        return numerics.bind_state(as_function(self.gm), self.gm, self.names)
 
     @functools.cached_property
     def _fp64(self) -> reference.Fp64Run:
@@ -192,6 +195,23 @@ class Graph:
         if boxed:
             args[0].clear()  # the convention: the callee releases the caller's list
         return self.gm(*flat)
+
+
+def as_function(gm: Any) -> Callable[..., Any]:
+    """``gm``'s code called as a function, not through the module's ``__call__``, which
+    runs the program's global module hooks (``register_module_forward_hook``) and, where the
+    code raises, prints the failing line and a traceback on stderr before raising
+    (``torch/fx/graph_module.py`` ``_WrappedCall``, read in torch 2.13; seen on an H200
+    with torch 2.11, 39 tracebacks in one run of torch's OpInfo samples). A lazy graph
+    module (``torch/fx/_lazy_graph_module.py``) makes its code at its first call; its
+    ``forward`` until then calls the module."""
+    def run(*args: Any) -> Any:
+        recompile = getattr(gm, "real_recompile", None)
+        if recompile is not None:
+            recompile()
+        return type(gm).forward(gm, *args)
+
+    return run
 
 
 def op_names(gm: Any) -> List[str]:

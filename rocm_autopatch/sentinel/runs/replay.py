@@ -84,13 +84,27 @@ def _layout(where: Any) -> Any:
     return where if where[0] == "value" else where[1:]
 
 
+# Ops that read a tensor's storage beyond its view (its storage offset, the elements around
+# it): a replay reads copies of the small inputs, each a copy of its view alone, where they
+# would read other elements than the program's call did. On an H200, torch's OpInfo
+# samples of ``as_strided`` (a view at an offset) were judged wrong in fp32, bf16 and fp16,
+# eager's reference reading the copy (2026-11-28, BENCHMARKS.md).
+STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_scatter",
+                             "as_strided_copy"})
+
+
 def unreplayable_ops(gm: Any) -> List[str]:
-    """The ops of ``gm`` a capture cannot hold: their outputs depend on data."""
+    """The ops of ``gm`` a capture cannot hold: their outputs depend on data, or on the
+    storage around an input's view (``STORAGE_READERS``)."""
     found = []
     tags = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
     for node in gm.graph.nodes:
         target = node.target
-        if node.op == "call_function" and any(t in getattr(target, "tags", ()) for t in tags):
+        if node.op in ("call_function", "call_method") and \
+                numerics.node_name(node) in STORAGE_READERS:
+            found.append(numerics.node_name(node))
+        elif node.op == "call_function" and any(t in getattr(target, "tags", ())
+                                                for t in tags):
             found.append(numerics.node_name(node))
         elif node.op == "call_method" and target in ("item", "tolist", "nonzero", "numpy"):
             found.append(numerics.node_name(node))
@@ -149,7 +163,11 @@ class Captured:
             try:
                 self.ref, self.ref64 = runs(self.kept)
             finally:
-                self.device_graph.capture_end()
+                try:
+                    self.device_graph.capture_end()
+                except Exception:
+                    _close_rng_capture(device)
+                    raise
         torch.cuda.current_stream(device).wait_stream(stream)
         self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
         with _LOCK:
@@ -188,8 +206,12 @@ class Replays:
 
     def __init__(self, gm: Any) -> None:
         ops = unreplayable_ops(gm)
-        self.never = (f"run op by op: it calls {', '.join(ops[:3])}, whose outputs depend on "
-                      "data (a device graph cannot hold them)") if ops else ""
+        storage = [op for op in ops if op in STORAGE_READERS]
+        self.never = "" if not ops else (
+            f"run op by op: it calls {', '.join(storage[:3])}, which reads the storage "
+            "around a view (a replay reads copies of the views)" if storage else
+            f"run op by op: it calls {', '.join(ops[:3])}, whose outputs depend on data (a "
+            "device graph cannot hold them)")
         self.seen: Dict[Any, List[Any]] = {}  # shape -> the inputs' addresses at a run
         self.captured: Dict[Any, Captured] = {}
         self.moved: Dict[Any, set] = {}  # shape -> inputs copied at the next capture
@@ -353,6 +375,23 @@ def _small_inputs(flat: List[Any]) -> set:
                 found.add(i)
                 total += size
     return found
+
+
+def _close_rng_capture(device: Any) -> None:
+    """After a capture that failed (an op that synchronises: ``cholesky``, ``histc``...):
+    end the device's RNG capture. ``capture_begin`` marks the default generator as captured
+    and only a ``capture_end`` that succeeds unmarks it (``aten/src/ATen/cuda/CUDAGraph.cpp``
+    ``capture_end``, ``CUDAGeneratorImpl.cpp`` ``capture_epilogue``); left so, every random
+    op of the program raised "Offset increment outside graph capture encountered
+    unexpectedly" (an H200, torch 2.11). A capture of one op on a scalar of its own, ended,
+    unmarks it; the generator's seed and offset are as they were."""
+    scratch = torch.zeros((), device=device)
+    closing = torch.cuda.CUDAGraph()
+    closing.capture_begin(capture_error_mode="thread_local")
+    try:
+        scratch.add_(1)
+    finally:
+        closing.capture_end()
 
 
 def capture_stream(device: Any) -> Any:
