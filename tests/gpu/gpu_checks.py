@@ -762,7 +762,8 @@ SCENARIOS: Dict[str, tuple] = {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
     "capture_fails": (capture_fails, {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY":
                                       "check", "ROCM_AUTOPATCH_VERIFY_CALLS": "3"}),
-    "capture_fails_unwatched": (capture_fails, {"ROCM_AUTOPATCH": "force"}),
+    "capture_fails_unwatched": (capture_fails, {"ROCM_AUTOPATCH": "force",
+                                                "ROCM_AUTOPATCH_VERIFY": "0"}),
 }
 
 

@@ -19,7 +19,7 @@ from conftest import ROOT, Venv, clean_env
 OPS = ("erf,erfc,erfinv,tanh,exp,log,sigmoid,nn.functional.gelu,softmax,log_softmax,"
        "logsumexp,lgamma,stft,fft.fft,fft.rfft,matrix_exp,empty_like,new_empty,diag,trace,"
        "narrow_copy,split_with_sizes_copy,addbmm,baddbmm,lerp,masked_scatter,argmax,topk,"
-       "sort,cumsum,nn.functional.softshrink,addmv")
+       "sort,cumsum,nn.functional.softshrink,addmv,as_strided")
 # With dynamic shapes, the ops whose samples dynamic=True changed (sizes made symbolic that
 # the fake run refused, scalars made inputs: softshrink's lambd, addmv's beta, lerp's
 # weight) and one of each output kind: each graph is a cold C++ compile in CI, and the

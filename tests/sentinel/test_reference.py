@@ -52,6 +52,22 @@ def test_the_rewritten_float64_run_is_the_interpreters_bit_for_bit() -> None:
     assert not torch.equal(fast[1], f(x, w)[1].double())
 
 
+def test_the_float64_run_of_as_strided_reads_the_storage_around_the_view() -> None:
+    """``as_strided`` of a view at an offset reads elements the view does not hold: the
+    float64 run, rewritten and node by node, casts the whole storage and views it as the
+    program's tensor is (a float64 copy of the view alone starts at offset 0, and read
+    other elements: a reference no truth for such a graph)."""
+    torch = pytest.importorskip("torch")
+
+    x = torch.arange(40.0)[3:19].view(4, 4)[:, ::2]  # storage offset 3, strides (4, 2)
+    gm = dynamo_graph(lambda t: torch.as_strided(t, (2, 2), (1, 1), 1) * 2, x)
+    (fast, _), (slow, _) = _both(gm, [], [x])
+    truth = torch.as_strided(x, (2, 2), (1, 1), 1).double() * 2  # elements 1-3 of the base
+    assert fast[0].dtype == torch.float64 and torch.equal(fast[0], truth)
+    assert torch.equal(slow[0], truth)
+    assert not torch.equal(torch.as_strided(x.double(), (2, 2), (1, 1), 1) * 2, truth)
+
+
 def test_the_rewritten_run_reads_the_state_swapped_into_the_graph() -> None:
     """Graphs that hold their own parameters (torch 2.4's Dynamo; FX traces) are run with the
     state a check swaps in (``numerics.bind_state``), not with what the module held."""
@@ -291,6 +307,19 @@ def test_the_references_call_the_graph_as_a_function_hooks_unseen_nothing_printe
     finally:
         hook.remove()
     assert torch.equal(fine[0], torch.eye(3) * 4)  # a Dynamo graph returns a tuple
+    # a lazy graph module (its code made at its first call) runs as a function too
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    from rocm_autopatch.sentinel.runs.graph import as_function
+
+    lazy = _LazyGraphModule.from_graphmodule(gm)
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: seen.append("lazy"))
+    try:
+        assert torch.equal(as_function(lazy)(torch.eye(3) * 4)[0], torch.eye(3) * 4)
+    finally:
+        hook.remove()
+    assert "lazy" not in seen
 
 
 def _grouped(monkeypatch: pytest.MonkeyPatch) -> Any:

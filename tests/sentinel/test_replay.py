@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from conftest import dynamo_graph  # noqa: E402
 
-from rocm_autopatch.sentinel.runs import replay, snapshot  # noqa: E402
+from rocm_autopatch.sentinel.runs import reference, replay, snapshot  # noqa: E402
 
 
 def test_ops_whose_outputs_depend_on_data_are_never_captured() -> None:
@@ -40,7 +40,7 @@ def test_ops_that_read_the_storage_around_a_view_are_never_captured() -> None:
                lambda t: t.as_strided((2, 2), (1, 1), 1) + 1,
                lambda t: torch.as_strided_scatter(t, torch.ones(2), (2,), (1,), 1)):
         gm = dynamo_graph(fn, x)
-        assert set(replay.unreplayable_ops(gm)) & replay.STORAGE_READERS, gm.code
+        assert set(replay.unreplayable_ops(gm)) & reference.STORAGE_READERS, gm.code
         never = replay.Replays(gm).never
         assert never.startswith("run op by op: it calls as_strided"), never
         assert "storage around a view" in never
@@ -133,3 +133,48 @@ def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_ofte
     assert not prompt.captured and idle_step.captured and step.captured
     replay._make_room(8, "cuda:0", calls=300)  # a graph called as often may take its place
     assert not idle_step.captured and step.captured and len(replay._LIVE) == 1
+
+
+def test_after_a_failed_capture_the_generator_is_released_and_nothing_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that fails leaves the GPU's random generator marked as captured (every
+    random op of the program raised after it on an H200): one capture of the sentinel's
+    own, begun and ended, releases it. A STAND-IN for ``torch.cuda.CUDAGraph`` (no CUDA
+    device here) records the calls; where that capture fails too, one warning says what
+    may follow and nothing is raised. The real device: ``gpu_checks.py capture_fails``."""
+    from rocm_autopatch import record
+
+    calls = []
+
+    class StandIn:
+        def capture_begin(self, capture_error_mode: str = "global") -> None:
+            calls.append(("begin", capture_error_mode))
+
+        def capture_end(self) -> None:
+            calls.append(("end",))
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
+    replay._close_rng_capture("cpu")
+    assert calls == [("begin", "thread_local"), ("end",)]
+    before = list(record.REPORT.warnings)
+    replay._close_rng_capture("no-such-device")  # even making its scalar fails
+    said = [w for w in record.REPORT.warnings if w not in before]
+    assert len(said) <= 1 and all("random ops on this GPU may raise" in w for w in said)
+    assert any("random ops on this GPU may raise" in w for w in record.REPORT.warnings)
+
+    class Invalidated(StandIn):  # capture_end of a capture an op broke
+        def capture_end(self) -> None:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    closed: list = []
+    monkeypatch.setattr(replay, "_close_rng_capture", closed.append)
+
+    def synchronises() -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with pytest.raises(RuntimeError, match="not permitted"):  # the op's own error is kept
+        replay._captured(Invalidated(), synchronises, "cuda:0")
+    with pytest.raises(RuntimeError, match="previous error"):
+        replay._captured(Invalidated(), lambda: 1, "cuda:1")
+    assert closed == ["cuda:0", "cuda:1"]
+    assert replay._captured(StandIn(), lambda: 2, "cuda:2") == 2 and len(closed) == 2

@@ -60,6 +60,35 @@ def _up(value: Any) -> Any:
     return value
 
 
+# Ops that read a tensor's storage beyond its view (its storage offset, the elements around
+# it), by name: ``as_strided`` of a view at an offset reads elements the view does not hold.
+STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_scatter",
+                             "as_strided_copy"})
+
+
+def reads_storage(node: torch.fx.Node) -> bool:
+    """Does ``node`` call an op of ``STORAGE_READERS``?"""
+    target = node.target
+    name = str(target) if node.op == "call_method" else (
+        getattr(target, "__name__", "") or str(target)).split(".")[0]
+    return node.op in ("call_function", "call_method") and name in STORAGE_READERS
+
+
+def _up_whole(value: Any) -> Any:
+    """``_up`` for an op that reads the storage around a view: the float64 copy is of the
+    whole storage, viewed as the value is (a copy of the view alone starts at offset 0,
+    and ``as_strided`` read other elements there than in the program)."""
+    if isinstance(value, torch.Tensor) and value.dtype in _FLOAT_UP and \
+            value.layout == torch.strided:
+        try:
+            whole = value.new_empty(0).set_(value.untyped_storage())
+            return whole.to(_FLOAT_UP[value.dtype]).as_strided(
+                value.size(), value.stride(), value.storage_offset())
+        except Exception:  # noqa: BLE001 - a tensor without a storage of its own: the view
+            pass
+    return _up(value)
+
+
 def to_fp64(value: Any) -> Any:
     """A float64 copy of a floating tensor; other values as they are."""
     return _up(value)
@@ -161,7 +190,8 @@ class _Fp64Interpreter(torch.fx.Interpreter):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         target = n.target
         if _upcast_uses(n):
-            args, kwargs = _map(_up, args), _map(_up, kwargs)
+            up = _up_whole if reads_storage(n) else _up
+            args, kwargs = _map(up, args), _map(up, kwargs)
         target = _float64_target(n.op, target, self.narrowed.get(n.name))
         if n.op == "call_module":
             from torch.func import functional_call
@@ -204,9 +234,11 @@ def _rewritten(gm: torch.fx.GraphModule, keep: Sequence[torch.fx.Node],
             out = torch.fx.node.map_arg(node.args[0], env.__getitem__)
             graph.output((out, [env[n] for n in keep]))
         elif _upcast_uses(node):
-            def up(a: Any) -> Any:
-                return graph.call_function(_up, (env[a],)) if isinstance(a, torch.fx.Node) \
-                    else _up(a)
+            cast = _up_whole if reads_storage(node) else _up
+
+            def up(a: Any, cast: Any = cast) -> Any:
+                return graph.call_function(cast, (env[a],)) if isinstance(a, torch.fx.Node) \
+                    else cast(a)
 
             target = _float64_target(node.op, node.target, narrowed.get(node.name))
             env[node] = graph.create_node(node.op, target, map_aggregate(node.args, up),

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.runs import numerics, stand_ins
+from rocm_autopatch import log
+from rocm_autopatch.sentinel.runs import numerics, reference, stand_ins
 from rocm_autopatch.sentinel.scheduling import schedule
 
 # All captures of a process together hold at most this share of the device's memory.
@@ -84,24 +85,18 @@ def _layout(where: Any) -> Any:
     return where if where[0] == "value" else where[1:]
 
 
-# Ops that read a tensor's storage beyond its view (its storage offset, the elements around
-# it): a replay reads copies of the small inputs, each a copy of its view alone, where they
-# would read other elements than the program's call did. On an H200, torch's OpInfo
-# samples of ``as_strided`` (a view at an offset) were judged wrong in fp32, bf16 and fp16,
-# eager's reference reading the copy (2026-11-28, BENCHMARKS.md).
-STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_scatter",
-                             "as_strided_copy"})
-
-
 def unreplayable_ops(gm: Any) -> List[str]:
     """The ops of ``gm`` a capture cannot hold: their outputs depend on data, or on the
-    storage around an input's view (``STORAGE_READERS``)."""
+    storage around an input's view (``reference.STORAGE_READERS``)."""
     found = []
     tags = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
     for node in gm.graph.nodes:
         target = node.target
-        if node.op in ("call_function", "call_method") and \
-                numerics.node_name(node) in STORAGE_READERS:
+        if reference.reads_storage(node):
+            # A replay reads copies of the small inputs, each of its view alone: eager's
+            # reference would read other elements than the program's call did (torch's
+            # OpInfo samples of ``as_strided``, a view at an offset, were judged wrong on an
+            # H200 in fp32, bf16 and fp16, 2026-11-28, BENCHMARKS.md).
             found.append(numerics.node_name(node))
         elif node.op == "call_function" and any(t in getattr(target, "tags", ())
                                                 for t in tags):
@@ -159,15 +154,8 @@ class Captured:
                                           warm_kept)
             torch.cuda.synchronize(device)
             reserved = torch.cuda.memory_reserved(device)
-            self.device_graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                self.ref, self.ref64 = runs(self.kept)
-            finally:
-                try:
-                    self.device_graph.capture_end()
-                except Exception:
-                    _close_rng_capture(device)
-                    raise
+            self.ref, self.ref64 = _captured(self.device_graph, lambda: runs(self.kept),
+                                             device)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
         with _LOCK:
@@ -206,7 +194,7 @@ class Replays:
 
     def __init__(self, gm: Any) -> None:
         ops = unreplayable_ops(gm)
-        storage = [op for op in ops if op in STORAGE_READERS]
+        storage = [op for op in ops if op in reference.STORAGE_READERS]
         self.never = "" if not ops else (
             f"run op by op: it calls {', '.join(storage[:3])}, which reads the storage "
             "around a view (a replay reads copies of the views)" if storage else
@@ -377,6 +365,26 @@ def _small_inputs(flat: List[Any]) -> set:
     return found
 
 
+def _captured(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
+    """``run()`` captured into ``device_graph``; where the capture fails, the generator is
+    released (``_close_rng_capture``) and the op's own error raised, where it raised one
+    (``capture_end`` says only that the capture was invalidated)."""
+    device_graph.capture_begin(capture_error_mode="thread_local")
+    failed: Optional[Exception] = None
+    try:
+        out = run()
+    except Exception as exc:  # noqa: BLE001 - the capture is ended first
+        failed = exc
+    try:
+        device_graph.capture_end()
+    except Exception as exc:
+        _close_rng_capture(device)
+        raise (failed or exc) from None
+    if failed is not None:
+        raise failed
+    return out
+
+
 def _close_rng_capture(device: Any) -> None:
     """After a capture that failed (an op that synchronises: ``cholesky``, ``histc``...):
     end the device's RNG capture. ``capture_begin`` marks the default generator as captured
@@ -384,14 +392,22 @@ def _close_rng_capture(device: Any) -> None:
     ``capture_end``, ``CUDAGeneratorImpl.cpp`` ``capture_epilogue``); left so, every random
     op of the program raised "Offset increment outside graph capture encountered
     unexpectedly" (an H200, torch 2.11). A capture of one op on a scalar of its own, ended,
-    unmarks it; the generator's seed and offset are as they were."""
-    scratch = torch.zeros((), device=device)
-    closing = torch.cuda.CUDAGraph()
-    closing.capture_begin(capture_error_mode="thread_local")
+    unmarks it; the generator's seed and offset are as they were. Where even that fails,
+    one warning says what may follow."""
     try:
-        scratch.add_(1)
-    finally:
-        closing.capture_end()
+        scratch = torch.zeros((), device=device)
+        closing = torch.cuda.CUDAGraph()
+        closing.capture_begin(capture_error_mode="thread_local")
+        try:
+            scratch.add_(1)
+        finally:
+            closing.capture_end()
+    except Exception as exc:  # noqa: BLE001 - said, never raised
+        log.warn_once(("sentinel", "rng capture"), (
+            "ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's "
+            f"references the GPU's random generator could not be released ({exc!r}); "
+            "random ops on this GPU may raise from here on: set ROCM_AUTOPATCH_VERIFY=0 "
+            "to run without the sentinel"))
 
 
 def capture_stream(device: Any) -> Any:
