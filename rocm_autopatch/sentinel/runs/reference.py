@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 import torch.fx
 
-from rocm_autopatch.sentinel.runs import memory, stand_ins
+from rocm_autopatch.sentinel.runs import memory, numerics, stand_ins
 
 _FLOAT_UP = {torch.float16: torch.float64, torch.bfloat16: torch.float64,
              torch.float32: torch.float64, torch.complex32: torch.complex128,
@@ -68,10 +68,8 @@ STORAGE_READERS = frozenset({"as_strided", "as_strided_", "as_strided_scatter",
 
 def reads_storage(node: torch.fx.Node) -> bool:
     """Does ``node`` call an op of ``STORAGE_READERS``?"""
-    target = node.target
-    name = str(target) if node.op == "call_method" else (
-        getattr(target, "__name__", "") or str(target)).split(".")[0]
-    return node.op in ("call_function", "call_method") and name in STORAGE_READERS
+    return (node.op in ("call_function", "call_method")
+            and numerics.node_name(node) in STORAGE_READERS)
 
 
 def _up_whole(value: Any) -> Any:
