@@ -406,8 +406,10 @@ def _close_rng_capture(device: Any) -> None:
         log.warn_once(("sentinel", "rng capture"), (
             "ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's "
             f"references the GPU's random generator could not be released ({exc!r}); "
-            "random ops on this GPU may raise from here on: set ROCM_AUTOPATCH_VERIFY=0 "
-            "to run without the sentinel"))
+            "random ops on this GPU may raise from here on (a failed CUDA/HIP graph capture "
+            "leaves the generator marked as captured: torch's "
+            "aten/src/ATen/cuda/CUDAGraph.cpp, CUDAGraph::reset); set "
+            "ROCM_AUTOPATCH_VERIFY=0 to run without the sentinel"))
 
 
 def capture_stream(device: Any) -> Any:
