@@ -135,13 +135,15 @@ def test_room_is_made_from_captures_never_replayed_of_graphs_called_no_more_ofte
     assert not idle_step.captured and step.captured and len(replay._LIVE) == 1
 
 
-def test_after_a_failed_capture_the_generator_is_released_and_nothing_raises(
+def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_raised(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A capture that fails leaves the GPU's random generator marked as captured (every
     random op of the program raised after it on an H200): one capture of the sentinel's
-    own, begun and ended, releases it. A STAND-IN for ``torch.cuda.CUDAGraph`` (no CUDA
-    device here) records the calls; where that capture fails too, one warning says what
-    may follow and nothing is raised. The real device: ``gpu_checks.py capture_fails``."""
+    own, begun and ended, releases it. Its memory pool, which torch releases only after a
+    capture that succeeded (what the references allocated stayed reserved), is routed back
+    and released. STAND-INS for ``torch.cuda.CUDAGraph`` and the pool bindings (no CUDA
+    device here) record the calls; where a release fails, one warning says what may follow
+    and nothing is raised. The real device: ``gpu_checks.py capture_fails``."""
     from rocm_autopatch import record
 
     calls = []
@@ -156,25 +158,60 @@ def test_after_a_failed_capture_the_generator_is_released_and_nothing_raises(
     monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
     replay._close_rng_capture("cpu")
     assert calls == [("begin", "thread_local"), ("end",)]
-    before = list(record.REPORT.warnings)
-    replay._close_rng_capture("no-such-device")  # even making its scalar fails
-    said = [w for w in record.REPORT.warnings if w not in before]
-    assert len(said) <= 1 and all("random ops on this GPU may raise" in w for w in said)
-    assert any("random ops on this GPU may raise" in w for w in record.REPORT.warnings)
 
-    class Invalidated(StandIn):  # capture_end of a capture an op broke
+    class Unclosable(StandIn):  # even the capture that would release it fails
+        def capture_end(self) -> None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    # STAND-INS for the pool bindings (a CPU build has them but no device): the capture's
+    # pool, its allocations routed elsewhere again, then released (torch's use_mem_pool).
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool",
+                        lambda i, p: calls.append(("route back", i, p)))
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("free", i, p)))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Unclosable)
+    before = list(record.REPORT.warnings)
+    replay._after_failed_capture("cpu", (0, 10))  # nothing raised
+    said = [w for w in record.REPORT.warnings if w not in before]
+    assert len(said) <= 1 and all("random ops may raise on this GPU" in w for w in said)
+    assert any("random ops may raise on this GPU" in w for w in record.REPORT.warnings)
+    assert calls[-1] == ("free", 0, (0, 10))  # the pool released all the same
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
+
+    class Pooled(StandIn):  # torch's signature: the pool the capture allocates from
+        def capture_begin(self, pool: object = None, capture_error_mode: str = "global"
+                          ) -> None:
+            calls.append(("begin", pool, capture_error_mode))
+
+    class Invalidated(Pooled):  # capture_end of a capture an op broke
         def capture_end(self) -> None:
             raise RuntimeError("operation failed due to a previous error during capture")
 
+    pools = iter([(0, 11), (0, 12), (0, 13)])
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
     closed: list = []
     monkeypatch.setattr(replay, "_close_rng_capture", closed.append)
 
     def synchronises() -> None:
         raise RuntimeError("operation not permitted when stream is capturing")
 
+    calls.clear()
     with pytest.raises(RuntimeError, match="not permitted"):  # the op's own error is kept
         replay._captured(Invalidated(), synchronises, "cuda:0")
+    assert calls == [("begin", (0, 11), "thread_local"), ("route back", 0, (0, 11)),
+                     ("free", 0, (0, 11))]
     with pytest.raises(RuntimeError, match="previous error"):
         replay._captured(Invalidated(), lambda: 1, "cuda:1")
-    assert closed == ["cuda:0", "cuda:1"]
-    assert replay._captured(StandIn(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
+    assert closed == ["cuda:0", "cuda:1"] and calls[-1] == ("free", 1, (0, 12))
+    calls.clear()
+    assert replay._captured(Pooled(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
+    assert calls == [("begin", (0, 13), "thread_local"), ("end",)]  # reset releases it
+
+    def unreleasable(i: int, p: object) -> None:
+        raise RuntimeError("no such pool")
+
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", unreleasable)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 14))
+    with pytest.raises(RuntimeError, match="previous error"):  # said once, never raised
+        replay._captured(Invalidated(), lambda: 1, "cuda:0")
+    assert any("memory pool could not be released" in w and "stays reserved" in w
+               for w in record.REPORT.warnings)

@@ -30,6 +30,7 @@ record says why (``references``).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -46,12 +47,11 @@ HELD_SHARE = 0.05
 # times, then run op by op.
 RECAPTURES = 2
 # Captured at a shape's first check where its references need at most this share of the
-# device's memory (the analysis' estimate), else at its second. At the second, the capture
-# is paid inside the budget: for an 8B Llama's decode step (5.5 GB captured) a check that
-# captured cost the program 185 ms against 121 op by op and 9-17 replayed, 1.5% of a
-# 2,048 + 3 x 256-token run by itself (BENCHMARKS.md, "At 8B on one GPU"); at the first
-# check it is part of the graph's first check, which the budget leaves out as it does the
-# analysis.
+# device's memory (the analysis' estimate), else at its second, paid inside the budget: an
+# 8B Llama's decode step (5.5 GB captured) cost 185 ms at the check that captured against
+# 121 op by op and 9-17 replayed, 1.5% of a 2,048 + 3 x 256-token run by itself
+# (BENCHMARKS.md, "At 8B on one GPU"); at the first check it is part of the graph's first
+# check, which the budget leaves out as it does the analysis.
 FIRST_SHARE = HELD_SHARE
 # Inputs that are not parameters, up to this size each, are copied at each replay rather
 # than read where they are (a program refills or remakes them between calls).
@@ -92,19 +92,17 @@ def unreplayable_ops(gm: Any) -> List[str]:
     tags = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
     for node in gm.graph.nodes:
         target = node.target
-        if reference.reads_storage(node):
-            # A replay reads copies of the small inputs, each of its view alone: eager's
-            # reference would read other elements than the program's call did (torch's
-            # OpInfo samples of ``as_strided``, a view at an offset, were judged wrong on an
-            # H200 in fp32, bf16 and fp16, 2026-11-28, BENCHMARKS.md).
+        # A storage reader: a replay reads copies of the small inputs, each of its view
+        # alone, so eager's reference would read other elements than the program's call did
+        # (torch's OpInfo samples of ``as_strided``, a view at an offset, were judged wrong
+        # on an H200 in fp32, bf16 and fp16, 2026-11-28, BENCHMARKS.md). An op that
+        # synchronises: its float64 stand-in reads the host.
+        if (reference.reads_storage(node) or node.op == "call_function" and (
+                any(t in getattr(target, "tags", ()) for t in tags)
+                or stand_ins.synchronises(target))
+                or node.op == "call_method" and target in ("item", "tolist", "nonzero",
+                                                           "numpy")):
             found.append(numerics.node_name(node))
-        elif node.op == "call_function" and any(t in getattr(target, "tags", ())
-                                                for t in tags):
-            found.append(numerics.node_name(node))
-        elif node.op == "call_method" and target in ("item", "tolist", "nonzero", "numpy"):
-            found.append(numerics.node_name(node))
-        elif node.op == "call_function" and stand_ins.synchronises(target):
-            found.append(numerics.node_name(node))  # its float64 stand-in reads the host
     return sorted(set(found))
 
 
@@ -366,10 +364,10 @@ def _small_inputs(flat: List[Any]) -> set:
 
 
 def _captured(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
-    """``run()`` captured into ``device_graph``; where the capture fails, the generator is
-    released (``_close_rng_capture``) and the op's own error raised, where it raised one
-    (``capture_end`` says only that the capture was invalidated)."""
-    device_graph.capture_begin(capture_error_mode="thread_local")
+    """``run()`` captured into ``device_graph`` in a pool of its own; where that fails,
+    ``_after_failed_capture``, and the op's own error raised where it raised one."""
+    pool = torch.cuda.graph_pool_handle()
+    device_graph.capture_begin(pool=pool, capture_error_mode="thread_local")
     failed: Optional[Exception] = None
     try:
         out = run()
@@ -378,38 +376,51 @@ def _captured(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
     try:
         device_graph.capture_end()
     except Exception as exc:
-        _close_rng_capture(device)
+        _after_failed_capture(device, pool)
         raise (failed or exc) from None
     if failed is not None:
         raise failed
     return out
 
 
-def _close_rng_capture(device: Any) -> None:
-    """After a capture that failed (an op that synchronises: ``cholesky``, ``histc``...):
-    end the device's RNG capture. ``capture_begin`` marks the default generator as captured
-    and only a ``capture_end`` that succeeds unmarks it (``aten/src/ATen/cuda/CUDAGraph.cpp``
-    ``capture_end``, ``CUDAGeneratorImpl.cpp`` ``capture_epilogue``); left so, every random
-    op of the program raised "Offset increment outside graph capture encountered
-    unexpectedly" (an H200, torch 2.11). A capture of one op on a scalar of its own, ended,
-    unmarks it; the generator's seed and offset are as they were. Where even that fails,
-    one warning says what may follow."""
-    try:
-        scratch = torch.zeros((), device=device)
-        closing = torch.cuda.CUDAGraph()
-        closing.capture_begin(capture_error_mode="thread_local")
+def _after_failed_capture(device: Any, pool: Any) -> None:
+    """Undo what only a ``capture_end`` that succeeds undoes (torch 2.11's
+    ``aten/src/ATen/cuda/CUDAGraph.cpp``, ``capture_end``, ``reset``); never raises:
+    - the generator stays marked as captured (``CUDAGeneratorImpl.cpp``, ``capture_epilogue``)
+      and every random op of the program raised "Offset increment outside graph capture
+      encountered unexpectedly" (an H200): one op on a scalar of its own, captured and ended,
+      unmarks it, the seed and offset as they were;
+    - the pool is never released (``reset``: ``if (capture_ended_)``), and where
+      ``capture_end`` raised first, allocations still routed to it: what the references had
+      allocated stayed reserved for the rest of the process. Ended and released as
+      ``torch.cuda.use_mem_pool`` does (``torch/cuda/memory.py``), its blocks go back."""
+    index = torch.device(device).index or 0
+    end = (getattr(torch._C, "_cuda_endAllocateToPool", None)  # torch >= 2.8
+           or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None))
+    with contextlib.suppress(Exception):  # ended already, where capture_end did so first
+        end(index, pool)
+    for what, undo, then in (
+            ("random generator", lambda: _close_rng_capture(device), "random ops may raise"),
+            ("memory pool", lambda: torch._C._cuda_releasePool(index, pool),
+             "what the references allocated stays reserved")):
         try:
-            scratch.add_(1)
-        finally:
-            closing.capture_end()
-    except Exception as exc:  # noqa: BLE001 - said, never raised
-        log.warn_once(("sentinel", "rng capture"), (
-            "ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's "
-            f"references the GPU's random generator could not be released ({exc!r}); "
-            "random ops on this GPU may raise from here on (a failed CUDA/HIP graph capture "
-            "leaves the generator marked as captured: torch's "
-            "aten/src/ATen/cuda/CUDAGraph.cpp, CUDAGraph::reset); set "
-            "ROCM_AUTOPATCH_VERIFY=0 to run without the sentinel"))
+            undo()
+        except Exception as exc:  # noqa: BLE001 - said, never raised
+            log.warn_once(("sentinel", what), (
+                f"ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's references the "
+                f"GPU's {what} could not be released ({exc!r}): {then} on this GPU (torch "
+                "undoes a capture only after one that succeeded: aten/src/ATen/cuda/"
+                "CUDAGraph.cpp, CUDAGraph::reset); ROCM_AUTOPATCH_VERIFY=0 turns it off"))
+
+
+def _close_rng_capture(device: Any) -> None:  # see _after_failed_capture
+    scratch = torch.zeros((), device=device)
+    closing = torch.cuda.CUDAGraph()
+    closing.capture_begin(capture_error_mode="thread_local")
+    try:
+        scratch.add_(1)
+    finally:
+        closing.capture_end()
 
 
 def capture_stream(device: Any) -> Any:
@@ -421,7 +432,7 @@ def capture_stream(device: Any) -> Any:
         return _STREAMS[device]
 
 
-def _release(held: int) -> None:
+def _release(held: int) -> None:  # a capture's finalizer
     with _LOCK:
         _HELD["bytes"] -= held
 
