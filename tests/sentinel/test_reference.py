@@ -322,6 +322,37 @@ def test_the_references_call_the_graph_as_a_function_hooks_unseen_nothing_printe
     assert "lazy" not in seen
 
 
+def test_the_subgraphs_of_higher_order_ops_are_called_as_functions_too() -> None:
+    """``cond`` calls its branches, subgraphs of the graph, as modules: the program's
+    global module hooks saw the sentinel's eager and float64 runs of them (2 and 1 calls
+    here), and a branch that raised printed torch's traceback. Now they are called as the
+    graph is, before each run (the float64 rewrite, a graph module made on the graph,
+    recompiles them, which sets their ``__call__`` back)."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "cond"):
+        pytest.skip("this torch has no torch.cond")
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    def branches(x: Any) -> Any:
+        return torch.cond(x.sum() > 0, lambda y: y.sin() * 2, lambda y: y.cos(), (x,)) + 1
+
+    gm = dynamo_graph(branches, torch.ones(3))
+    assert [name for name, _ in gm.named_children()] == ["cond_true_0", "cond_false_0"]
+    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    seen: List[Any] = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: seen.append(type(module).__name__))
+    try:
+        (fp64,) = graph.fp64_run(torch.ones(3, dtype=torch.float64))  # the rewrite first
+        (eager,) = graph.eager_run(torch.ones(3))
+        (again,) = graph.fp64_run(-torch.ones(3, dtype=torch.float64))
+    finally:
+        hook.remove()
+    assert seen == []
+    assert torch.allclose(eager.double(), fp64) and torch.allclose(again, (-torch.ones(3,
+                          dtype=torch.float64)).cos() + 1)
+
+
 def _grouped(monkeypatch: pytest.MonkeyPatch) -> Any:
     """torch's grouped GEMM with its float64 stand-in taken away: a real ATen op with no
     float64 kernel on this CPU ("Expected mat_a to be Float32, BFloat16 or Float16")."""

@@ -124,6 +124,7 @@ class Graph:
         (the operands of argmax, comparisons and choices) go to ``kept`` where it is given;
         the nodes in ``forced`` return what it says (``compare.branches``)."""
         run = self._fp64
+        subgraphs_as_functions(self.gm)  # as ``eager_run`` calls them
         return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
                                    self.names)(*inputs)
 
@@ -202,16 +203,37 @@ def as_function(gm: Any) -> Callable[..., Any]:
     runs the program's global module hooks (``register_module_forward_hook``) and, where the
     code raises, prints the failing line and a traceback on stderr before raising
     (``torch/fx/graph_module.py`` ``_WrappedCall``, read in torch 2.13; seen on an H200
-    with torch 2.11, 39 tracebacks in one run of torch's OpInfo samples). A lazy graph
-    module (``torch/fx/_lazy_graph_module.py``) makes its code at its first call; its
+    with torch 2.11, 39 tracebacks in one run of torch's OpInfo samples). The subgraphs
+    of its higher-order ops (``cond``'s branches, ``checkpoint``'s body), which the op
+    calls as modules, are called so too (``subgraphs_as_functions``, from the sentinel's
+    first run of the graph on, after the program's compile of it). A lazy graph module
+    (``torch/fx/_lazy_graph_module.py``) makes its code at its first call; its
     ``forward`` until then calls the module."""
     def run(*args: Any) -> Any:
-        recompile = getattr(gm, "real_recompile", None)
-        if recompile is not None:
-            recompile()
-        return type(gm).forward(gm, *args)
+        subgraphs_as_functions(gm)
+        return _forward(gm, *args)
 
     return run
+
+
+def _forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+    recompile = getattr(module, "real_recompile", None)
+    if recompile is not None:
+        recompile()
+        subgraphs_as_functions(module)  # a recompile sets its class's ``__call__`` again
+    return type(module).forward(module, *args, **kwargs)
+
+
+def subgraphs_as_functions(gm: Any) -> None:
+    """``gm``'s subgraphs called as ``_forward`` does. FX gives each graph module a class
+    of its own (``GraphModule.__new__``), so setting its ``__call__`` changes no other
+    module; a recompile sets it back (``recompile``; a graph module made on ``gm``, as the
+    float64 rewrite is, recompiles its subgraphs), so it is set before each run."""
+    import torch
+
+    for sub in gm.modules():
+        if sub is not gm and isinstance(sub, torch.fx.GraphModule):
+            type(sub).__call__ = _forward
 
 
 def op_names(gm: Any) -> List[str]:
