@@ -326,8 +326,8 @@ def test_the_subgraphs_of_higher_order_ops_are_called_as_functions_too() -> None
     """``cond`` calls its branches, subgraphs of the graph, as modules: the program's
     global module hooks saw the sentinel's eager and float64 runs of them (2 and 1 calls
     here), and a branch that raised printed torch's traceback. Now they are called as the
-    graph is, before each run (the float64 rewrite, a graph module made on the graph,
-    recompiles them, which sets their ``__call__`` back)."""
+    graph is for the sentinel's runs, and as modules again after: the program's own calls
+    of them still reach its hooks."""
     torch = pytest.importorskip("torch")
     if not hasattr(torch, "cond"):
         pytest.skip("this torch has no torch.cond")
@@ -346,9 +346,19 @@ def test_the_subgraphs_of_higher_order_ops_are_called_as_functions_too() -> None
         (fp64,) = graph.fp64_run(torch.ones(3, dtype=torch.float64))  # the rewrite first
         (eager,) = graph.eager_run(torch.ones(3))
         (again,) = graph.fp64_run(-torch.ones(3, dtype=torch.float64))
+        assert seen == []
+        gm(torch.ones(3))  # the program's own call: its hooks see the graph and its branch
+        assert seen == ["GraphModule", "GraphModule"], seen
+        # a lazy branch (its code made at its first call) is given back as it was too
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+
+        gm.cond_true_0 = _LazyGraphModule.from_graphmodule(gm.cond_true_0)
+        graph.eager_run(torch.ones(3))
+        seen.clear()
+        gm(torch.ones(3))
+        assert seen == ["GraphModule", "GraphModule"], seen  # the lazy branch seen too
     finally:
         hook.remove()
-    assert seen == []
     assert torch.allclose(eager.double(), fp64) and torch.allclose(again, (-torch.ones(3,
                           dtype=torch.float64)).cos() + 1)
 

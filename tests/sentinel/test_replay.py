@@ -215,3 +215,13 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
         replay._captured(Invalidated(), lambda: 1, "cuda:0")
     assert any("memory pool could not be released" in w and "stays reserved" in w
                for w in record.REPORT.warnings)
+
+    def ended(i: int, p: object) -> None:  # capture_end stopped the routing before failing
+        raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", ended)
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("free", p)))
+    calls.clear()
+    with pytest.raises(RuntimeError, match="previous error"):  # reset releases it: not twice
+        replay._captured(Invalidated(), lambda: 1, "cuda:0")
+    assert calls == [("begin", (0, 14), "thread_local")]

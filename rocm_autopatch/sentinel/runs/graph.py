@@ -6,9 +6,10 @@ settled for good (passed for its life, skipped, fallen back) every call goes str
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from rocm_autopatch import frames, record
 from rocm_autopatch.sentinel.judging import allowance, choices
@@ -124,9 +125,9 @@ class Graph:
         (the operands of argmax, comparisons and choices) go to ``kept`` where it is given;
         the nodes in ``forced`` return what it says (``compare.branches``)."""
         run = self._fp64
-        subgraphs_as_functions(self.gm)  # as ``eager_run`` calls them
-        return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
-                                   self.names)(*inputs)
+        with subgraphs_as_functions(self.gm):  # as ``eager_run`` calls them
+            return numerics.bind_state(lambda *xs: run(list(xs), kept, forced), self.gm,
+                                       self.names)(*inputs)
 
     def narrowing(self, written: List[int]) -> Tuple[Any, str, Any]:
         """What its float64 run ran narrower, its float64 call having failed
@@ -205,13 +206,12 @@ def as_function(gm: Any) -> Callable[..., Any]:
     (``torch/fx/graph_module.py`` ``_WrappedCall``, read in torch 2.13; seen on an H200
     with torch 2.11, 39 tracebacks in one run of torch's OpInfo samples). The subgraphs
     of its higher-order ops (``cond``'s branches, ``checkpoint``'s body), which the op
-    calls as modules, are called so too (``subgraphs_as_functions``, from the sentinel's
-    first run of the graph on, after the program's compile of it). A lazy graph module
-    (``torch/fx/_lazy_graph_module.py``) makes its code at its first call; its
-    ``forward`` until then calls the module."""
+    calls as modules, are called so too for the run (``subgraphs_as_functions``). A lazy
+    graph module (``torch/fx/_lazy_graph_module.py``) makes its code at its first call;
+    its ``forward`` until then calls the module."""
     def run(*args: Any) -> Any:
-        subgraphs_as_functions(gm)
-        return _forward(gm, *args)
+        with subgraphs_as_functions(gm):
+            return _forward(gm, *args)
 
     return run
 
@@ -220,20 +220,34 @@ def _forward(module: Any, *args: Any, **kwargs: Any) -> Any:
     recompile = getattr(module, "real_recompile", None)
     if recompile is not None:
         recompile()
-        subgraphs_as_functions(module)  # a recompile sets its class's ``__call__`` again
     return type(module).forward(module, *args, **kwargs)
 
 
-def subgraphs_as_functions(gm: Any) -> None:
-    """``gm``'s subgraphs called as ``_forward`` does. FX gives each graph module a class
-    of its own (``GraphModule.__new__``), so setting its ``__call__`` changes no other
-    module; a recompile sets it back (``recompile``; a graph module made on ``gm``, as the
-    float64 rewrite is, recompiles its subgraphs), so it is set before each run."""
+@contextlib.contextmanager
+def subgraphs_as_functions(gm: Any) -> Iterator[None]:
+    """For the sentinel's run: ``gm``'s subgraphs called as ``_forward`` calls a module,
+    then as they were (the program's own calls of them see its hooks). FX gives each graph
+    module a class of its own (``GraphModule.__new__``), so no other module changes; a lazy
+    one makes its code first (a recompile would keep the ``__call__`` it found:
+    ``_WrappedCall``). Another thread's call of a subgraph during the run skips its hooks."""
     import torch
 
+    kept = []
     for sub in gm.modules():
         if sub is not gm and isinstance(sub, torch.fx.GraphModule):
+            recompile = getattr(sub, "real_recompile", None)
+            if recompile is not None:
+                recompile()
+            kept.append((type(sub), vars(type(sub)).get("__call__")))
             type(sub).__call__ = _forward
+    try:
+        yield
+    finally:
+        for cls, call in reversed(kept):
+            if call is None:
+                del cls.__call__
+            else:
+                cls.__call__ = call
 
 
 def op_names(gm: Any) -> List[str]:

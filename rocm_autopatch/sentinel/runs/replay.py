@@ -390,21 +390,22 @@ def _after_failed_capture(device: Any, pool: Any) -> None:
       and every random op of the program raised "Offset increment outside graph capture
       encountered unexpectedly" (an H200): one op on a scalar of its own, captured and ended,
       unmarks it, the seed and offset as they were;
-    - the pool is never released (``reset``: ``if (capture_ended_)``), and where
-      ``capture_end`` raised first, allocations still routed to it: what the references had
-      allocated stayed reserved for the rest of the process. Ended and released as
-      ``torch.cuda.use_mem_pool`` does (``torch/cuda/memory.py``), its blocks go back."""
+    - where ``capture_end`` raised before it stopped routing allocations to the pool (an
+      invalidated capture), the pool is never released (``reset``: ``if (capture_ended_)``)
+      and what the references allocated stayed reserved: ended and released as
+      ``torch.cuda.use_mem_pool`` does (``torch/cuda/memory.py``). Where it raised later,
+      ``reset`` releases it (twice would fail torch's assert in a destructor). The pinned
+      host allocator's routing (``begin_allocate_to_pool``) is left: it pins nothing here."""
     index = torch.device(device).index or 0
-    end = (getattr(torch._C, "_cuda_endAllocateToPool", None)  # torch >= 2.8
-           or getattr(torch._C, "_cuda_endAllocateCurrentStreamToPool", None))
-    with contextlib.suppress(Exception):  # ended already, where capture_end did so first
-        end(index, pool)
-    for what, undo, then in (
-            ("random generator", lambda: _close_rng_capture(device), "random ops may raise"),
-            ("memory pool", lambda: torch._C._cuda_releasePool(index, pool),
-             "what the references allocated stays reserved")):
+    undo = [("random generator", lambda: _close_rng_capture(device), "random ops may raise")]
+    with contextlib.suppress(Exception):  # "not currently recording": ended by capture_end
+        (getattr(torch._C, "_cuda_endAllocateToPool", None)  # torch >= 2.8, else 2.1-2.7
+         or torch._C._cuda_endAllocateCurrentStreamToPool)(index, pool)
+        undo.append(("memory pool", lambda: torch._C._cuda_releasePool(index, pool),
+                     "what the references allocated stays reserved"))
+    for what, run, then in undo:
         try:
-            undo()
+            run()
         except Exception as exc:  # noqa: BLE001 - said, never raised
             log.warn_once(("sentinel", what), (
                 f"ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's references the "
@@ -414,8 +415,7 @@ def _after_failed_capture(device: Any, pool: Any) -> None:
 
 
 def _close_rng_capture(device: Any) -> None:  # see _after_failed_capture
-    scratch = torch.zeros((), device=device)
-    closing = torch.cuda.CUDAGraph()
+    scratch, closing = torch.zeros((), device=device), torch.cuda.CUDAGraph()
     closing.capture_begin(capture_error_mode="thread_local")
     try:
         scratch.add_(1)
