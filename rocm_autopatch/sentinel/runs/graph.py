@@ -217,10 +217,15 @@ def as_function(gm: Any) -> Callable[..., Any]:
 
 
 def _forward(module: Any, *args: Any, **kwargs: Any) -> Any:
+    _make_code(module)
+    return type(module).forward(module, *args, **kwargs)
+
+
+def _make_code(module: Any) -> None:
+    """A lazy graph module's code, made now (``real_recompile``; a no-op once made)."""
     recompile = getattr(module, "real_recompile", None)
     if recompile is not None:
         recompile()
-    return type(module).forward(module, *args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -235,9 +240,7 @@ def subgraphs_as_functions(gm: Any) -> Iterator[None]:
     kept = []
     for sub in gm.modules():
         if sub is not gm and isinstance(sub, torch.fx.GraphModule):
-            recompile = getattr(sub, "real_recompile", None)
-            if recompile is not None:
-                recompile()
+            _make_code(sub)
             kept.append((type(sub), vars(type(sub)).get("__call__")))
             type(sub).__call__ = _forward
     try:
