@@ -61,6 +61,21 @@ def generate(n):
                           pad_token_id=0)
 """
 
+# Child code: ``timed_part(owner, name, key)`` wraps ``owner.name`` with a clock, each call's
+# seconds appended to ``parts[key]`` (benchmarks/decode_loop.py, decode_host_parts.py).
+TIMED_PARTS = """
+parts = {}
+def timed_part(owner, name, key):
+    inner = getattr(owner, name)
+    def wrapper(*a, **k):
+        began = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            parts.setdefault(key, []).append(time.perf_counter() - began)
+    setattr(owner, name, wrapper)
+"""
+
 # Child code: decode speed, tokens/s over three greedy generations (needs ``generate()``,
 # ``tokens``, ``time``): benchmarks/tunableop.py and perf_rounds.py.
 TOKENS_PER_S = """

@@ -47,7 +47,7 @@ import argparse
 import json
 import sys
 
-from common import DECODE_LLAMA, meta, run_arm
+from common import DECODE_LLAMA, TIMED_PARTS, meta, run_arm
 
 CHILD = r"""
 import json, math, sys, time, torch, transformers as t
@@ -80,17 +80,7 @@ def counted(self, why, flat, values, passed, call_seconds, check_seconds, output
 schedule.Schedule.checked = counted
 # what the ledger's reads cost, by kind: (count, ms)
 from rocm_autopatch.sentinel.scheduling import integers as _ints, magnitudes as _mags
-parts = {}
-def timed_part(owner, name, key):
-    inner = getattr(owner, name)
-    def wrapper(*a, **k):
-        began = time.perf_counter()
-        try:
-            return inner(*a, **k)
-        finally:
-            n, ms = parts.get(key, (0, 0.0))
-            parts[key] = (n + 1, ms + (time.perf_counter() - began) * 1e3)
-    setattr(owner, name, wrapper)
+""" + TIMED_PARTS + r"""
 timed_part(_mags.Magnitudes, "measure", "magnitudes_every_stride")
 timed_part(_ints.Integers, "read", "integers_every_call")
 timed_part(schedule, "crossed", "predicted_crossing_reads")
@@ -114,7 +104,7 @@ keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period"
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 out["check_costs_ms"] = costs
 out["checks"] = checks
-out["ledger_reads"] = {k: [n, round(ms, 2)] for k, (n, ms) in parts.items()}
+out["ledger_reads"] = {k: [len(v), round(sum(v) * 1e3, 2)] for k, v in parts.items()}
 print(json.dumps(out))
 """
 

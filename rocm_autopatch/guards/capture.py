@@ -62,11 +62,12 @@ def compile_in_capture() -> bool:
 
 
 def capturing(torch: types.ModuleType) -> bool:
-    """Is the current stream capturing? Never initialises CUDA/HIP."""
+    """Is the current stream capturing? Never initialises CUDA/HIP. Asked at every call of
+    a watched graph: a runtime that is initialised has a device, so ``is_available`` (an
+    environment read and a device count) is not asked again."""
     try:
         cuda = torch.cuda
-        return bool(cuda.is_initialized() and cuda.is_available()
-                    and cuda.is_current_stream_capturing())
+        return bool(cuda.is_initialized() and cuda.is_current_stream_capturing())
     except Exception:  # noqa: BLE001 - no CUDA/HIP runtime: nothing is capturing
         return False
 

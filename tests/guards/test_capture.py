@@ -170,3 +170,30 @@ print(json.dumps({"raised": raised}))
 def test_torch_version_is_read_from_release_strings(version: str, expected: tuple) -> None:
     """Which builds need the RNG fix is decided from this (the fix is needed below 2.10)."""
     assert torch_releases.version(types.SimpleNamespace(__version__=version)) == expected
+
+
+@pytest.mark.fast
+def test_capturing_asks_the_runtime_only_whether_the_stream_captures() -> None:
+    """``capturing`` is asked at every call of a graph the sentinel watches (12 us a call in
+    an H200's decode loop, 7 without ``is_available``: BENCHMARKS.md). A runtime that is
+    initialised has a device, so it asks ``is_initialized``, then the stream, and never
+    initialises one. STAND-INS for ``torch.cuda`` (a CPU has no CUDA/HIP runtime)."""
+    from rocm_autopatch.guards import capture
+
+    asked: list = []
+
+    def runtime(initialised: bool, capturing: bool) -> types.SimpleNamespace:
+        def ask(name: str, answer: bool):  # noqa: ANN202
+            return lambda: asked.append(name) or answer
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(
+            is_initialized=ask("is_initialized", initialised),
+            is_available=ask("is_available", True),
+            is_current_stream_capturing=ask("is_current_stream_capturing", capturing)))
+
+    assert capture.capturing(runtime(True, True)) is True
+    assert asked == ["is_initialized", "is_current_stream_capturing"]
+    asked.clear()
+    assert capture.capturing(runtime(True, False)) is False
+    assert capture.capturing(runtime(False, True)) is False  # never initialised by us
+    assert asked == ["is_initialized", "is_current_stream_capturing", "is_initialized"]
+    assert capture.capturing(types.SimpleNamespace()) is False  # no runtime at all

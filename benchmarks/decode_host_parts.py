@@ -1,0 +1,99 @@
+"""Where a decode loop's host time goes under ``check``, part by part, unsynchronised (issue
+43, item 4): what each part of the sentinel costs the program's thread as the program runs
+it, not between synchronisations (``decode_check_profile.py`` times a check's steps apart).
+
+    python benchmarks/decode_host_parts.py [--tokens 256] [--layers 8] [--json PATH]
+
+The 8-layer Llama of ``decode_loop.py`` (static KV cache, bf16), ``check``, ROCm behaviour
+forced: one generation (the ladder's checks, its deferred verdicts), then three timed ones.
+Each part listed in ``PARTS`` is wrapped with a clock (about 1 us a call of its own, so a
+part called at every call reads a little high); per part: calls, total ms, median ms, and
+each call's ms where there are at most 20. ``per_call_us``: what the sentinel's wrapper of
+the decode graph costs each call beyond the compiled call itself, in the timed generations,
+and the part of it the sentinel's ledger counts (its value reads); the rest is outside the
+ledger's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from common import DECODE_LLAMA, TIMED_PARTS, meta, run_arm, save
+
+CHILD = r"""
+import json, statistics, sys, time, torch, transformers as t
+tokens, layers = int(sys.argv[1]), int(sys.argv[2])
+""" + DECODE_LLAMA + r"""
+import rocm_autopatch
+from rocm_autopatch.guards import capture
+from rocm_autopatch.sentinel import check, compare, pending
+from rocm_autopatch.sentinel.judging import judge
+from rocm_autopatch.sentinel.runs import deferred, graph as graph_mod, replay, snapshot
+from rocm_autopatch.sentinel.scheduling import integers, magnitudes, schedule
+""" + TIMED_PARTS + r"""
+PARTS = [(check, "call"), (capture, "capturing"), (schedule.Schedule, "due"),
+         (check.Check, "too_large"), (check.Check, "not_copied"),
+         (snapshot.Snapshot, "__init__"), (replay.Replays, "ready"), (replay.Captured, "run"),
+         (pending, "launch"), (deferred.Later, "launch"), (pending, "resolve"),
+         (compare, "judged"), (compare, "written_regions"), (judge, "statistics"),
+         (judge, "_equal"), (magnitudes.Magnitudes, "measure"), (magnitudes.Magnitudes, "now"),
+         (integers.Integers, "read"), (schedule, "crossed"), (torch.Tensor, "tolist")]
+READS = ("Magnitudes.measure", "crossed", "Integers.read")
+for owner, name in PARTS:
+    timed_part(owner, name, f"{getattr(owner, '__name__', '').split('.')[-1]}.{name}")
+made = graph_mod.Graph.__init__
+def timed_compiled(self, *a, **k):  # the compiled call alone, to take from the wrapper's
+    made(self, *a, **k)
+    inner = self.compiled
+    def compiled(*x, **y):
+        began = time.perf_counter()
+        try:
+            return inner(*x, **y)
+        finally:
+            parts.setdefault("compiled", []).append(time.perf_counter() - began)
+    self.compiled = compiled
+graph_mod.Graph.__init__ = timed_compiled
+def summary(found):
+    return {k: [len(v), round(sum(v) * 1e3, 3), round(statistics.median(v) * 1e3, 3)]
+            + ([[round(x * 1e3, 2) for x in v]] if len(v) <= 20 else [])
+            for k, v in sorted(found.items(), key=lambda kv: -sum(kv[1]))}
+with torch.no_grad():
+    generate(tokens)
+    torch.cuda.synchronize()
+    first = dict(parts)
+    parts.clear()
+    start = time.perf_counter()
+    for _ in range(3):
+        generate(tokens)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+calls = len(parts["check.call"])
+beyond = sum(parts["check.call"]) - sum(parts["compiled"])
+reads = sum(sum(parts.get(k, [])) for k in READS)
+print(json.dumps({"timed_seconds": round(wall, 3), "wall_ms_per_call": round(wall / calls * 1e3, 3),
+                  "per_call_us": {"beyond_the_compiled_call": round(beyond / calls * 1e6, 1),
+                                  "ledger_reads": round(reads / calls * 1e6, 1),
+                                  "outside_the_ledger": round((beyond - reads) / calls * 1e6, 1)},
+                  "sentinel_share": schedule.LEDGER.spent_share(),
+                  "first_generation_ms": summary(first), "timed_ms": summary(parts)}))
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    got = run_arm(CHILD, [str(args.tokens), str(args.layers)],
+                  {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
+    import torch
+
+    save(args.json, meta(torch, tokens=args.tokens, layers=args.layers), [got])
+    print(json.dumps(got.get("per_call_us", got)))
+    return 0 if "per_call_us" in got else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
