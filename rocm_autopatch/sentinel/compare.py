@@ -3,15 +3,17 @@ the state the call writes (replayed as a device graph where captured, ``runs.rep
 op by op), the regions of the written inputs that changed, and the judged values; where a
 choice the graph computes on was a near tie (``judging.choices``), what it reaches excused
 or the references run again with the tie taken each way (``branches``). Used by a check
-judged at the call (``check``) and by one whose verdict is read later (``pending``).
+judged at the call (``check``) and by one whose verdict is read later (``pending``); for
+the latter, on a GPU, the judge's device work for a layout of values seen before is
+replayed as a captured graph (``judging.errors.Captures``, captured by ``_captured_judge``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from rocm_autopatch.sentinel.judging import choices, judge
-from rocm_autopatch.sentinel.runs import footprint, memory, numerics, reference
+from rocm_autopatch.sentinel.judging import choices, errors, judge
+from rocm_autopatch.sentinel.runs import footprint, memory, numerics, reference, replay
 from rocm_autopatch.sentinel.runs.graph import Graph
 
 # Tied (choice, row) pairs, in the whole graph, up to which every way of taking them is
@@ -122,13 +124,14 @@ def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
 
 
 def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
-           after: Dict[int, Any], ties: bool = True, note: bool = True
-           ) -> Tuple[List[Any], int]:
+           after: Dict[int, Any], ties: bool = True, note: bool = True,
+           replayed: bool = False) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
     (``after``, by index): (the values it rejects, how many of them are outputs). A value
     that differs where a choice that was a near tie reaches is excused; ``Undecided`` where
-    nothing else differs."""
+    nothing else differs. ``replayed``: the judge's device work for a layout of values seen
+    before is replayed from its capture (a verdict read later, ``pending``)."""
     import torch
 
     eager_inputs, inputs64, ref, ref64, kept = runs
@@ -139,11 +142,13 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
                                for i in sorted(after)])
     allowed = judge.Allowance(*graph.allowed, *graph.narrowing(sorted(after)))
+    if replayed and graph.judges is None:
+        graph.judges = errors.Captures(_captured_judge)
     verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
                             res + [w[1] for w in written],
                             numerics.leaves(ref64) + [w[2] for w in written],
                             judge.TOL_FORWARD, derived, skip=graph.not_compared,
-                            allowed=allowed)
+                            allowed=allowed, captures=graph.judges if replayed else None)
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
     if bad and graph.choices and ties:
@@ -163,6 +168,21 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     if undecided is not None:
         raise undecided
     return bad, outputs
+
+
+def _captured_judge(work: Any, device: Any) -> Tuple[Any, Any]:
+    """``work`` (the judge's device work for one layout of values, ``errors.Captures``)
+    captured as a device graph on the sentinel's capture stream: (the graph, its outputs)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    stream, current = replay.capture_stream(device), torch.cuda.current_stream(device)
+    with replay.STREAM_LOCK:
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            out = replay.capture_into(graph, work, device)
+        current.wait_stream(stream)
+    return graph, out
 
 
 def _past_ties(graph: Graph, bad: List[Any], kept: Dict[Any, Any], outputs: int,

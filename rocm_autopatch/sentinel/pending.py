@@ -93,7 +93,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
         try:
             with later.judging(), numerics.quiet():
                 bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs,
-                                        later.after)
+                                        later.after, replayed=not wait)  # not at exit
         except compare.Undecided as why:  # counted at its launch; the judging charged
             schedule.charge(graph.schedule, time.perf_counter() - began)
             graph.skip(f"not judged at call {self.at_call:,}: {why}")
@@ -118,6 +118,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
     except Exception as exc:  # noqa: BLE001 - a check never costs the program anything
         graph.skip(f"not checked: the check itself failed ({type(exc).__name__}: "
                    f"{memory.first_line(exc)})")
+        graph.judges = None  # nor its judge's captures (their memory)
         memory.release()
     finally:
         try:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from common import llama_child  # noqa: E402  (the benchmarks' TinyLlama, one builder)
@@ -666,6 +667,61 @@ def narrowed_attention() -> Dict[str, Any]:
     return {"samples": samples, "around": around}
 
 
+def judge_replayed() -> Dict[str, Any]:
+    """issue 43, item 1: the judge's statistics for a decode step's layout (bf16 logits of
+    32,000 and 16 written cache regions of 256) replayed from their captured device work
+    give what the op-by-op batch gives, over calls of new values (the last with a NaN);
+    the host time of each."""
+    import torch
+
+    from rocm_autopatch.sentinel import compare
+    from rocm_autopatch.sentinel.judging import errors
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def layout() -> List[Any]:
+        exact = [torch.randn(n, dtype=torch.float64, device="cuda", generator=gen)
+                 for n in [32000] + [256] * 16]
+        return [errors.Value(i, x.bfloat16(), (x * (1 + 1e-3 * torch.randn(
+            x.shape, dtype=torch.float64, device="cuda", generator=gen))).bfloat16(), x)
+            for i, x in enumerate(exact)]
+
+    def fields(e: Any) -> List[float]:
+        return [e.nonfinite, e.overflow, e.count, e.worst_c, e.worst_e, e.rms_c, e.rms_e,
+                e.bias_c, e.bias_e, e.close, *e.torch_rmse]
+
+    def ms(run: Any) -> float:
+        times = []
+        for _ in range(20):
+            began = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - began) * 1e3)
+        return round(sorted(times)[10], 3)
+
+    captures = errors.Captures(compare._captured_judge)
+    calls = []
+    for call in range(4):
+        values = layout()
+        if call == 3:
+            values[0].c[5] = float("nan")
+        got = errors.statistics(values, 1e-3, captures)
+        plain = errors.statistics(values, 1e-3)
+        worst = 0.0
+        for i in plain:
+            for a, b in zip(fields(got[i]), fields(plain[i])):
+                if math.isnan(a) != math.isnan(b):
+                    worst = math.inf
+                elif not math.isnan(a):
+                    worst = max(worst, abs(a - b) / max(abs(b), 1e-300))
+            worst = max(worst, float((got[i].err_c - plain[i].err_c).abs().max()))
+        calls.append({"captured_before": call > 0, "largest_relative_difference": worst,
+                      "nonfinite": got[0].nonfinite})
+    values = layout()
+    return {"calls": calls, "captured_layouts": len(captures.made), "failed": captures.why,
+            "host_ms_replayed": ms(lambda: errors.statistics(values, 1e-3, captures)),
+            "host_ms_op_by_op": ms(lambda: errors.statistics(values, 1e-3))}
+
+
 def integers_every_call() -> Dict[str, Any]:
     """issue 43, item 2: a decode step's position and token id read at every call by the
     sentinel's reader, with torch's synchronisation debug mode set to raise: no read
@@ -754,7 +810,7 @@ def _reserved_growth_mib(work: Callable[[], Any]) -> float:
 def capture_fails_memory() -> Dict[str, Any]:
     """A capture that fails after its references allocated 256 MiB: torch's own capture
     (what the sentinel did before) keeps them reserved for good (its pool is released only
-    after a capture that succeeded); the sentinel's ``_captured`` gives them back. First,
+    after a capture that succeeded); the sentinel's ``capture_into`` gives them back. First,
     ``capture_fails``' program with a 2,048-wide matrix: what it keeps with the sentinel."""
     import torch
 
@@ -785,7 +841,7 @@ def capture_fails_memory() -> Dict[str, Any]:
     def fixed() -> None:
         with torch.cuda.stream(stream):
             try:
-                replay._captured(torch.cuda.CUDAGraph(), synchronising, device)
+                replay.capture_into(torch.cuda.CUDAGraph(), synchronising, device)
             except RuntimeError:
                 pass
 
@@ -834,6 +890,7 @@ SCENARIOS: Dict[str, tuple] = {
                                               "ROCM_AUTOPATCH_VERIFY": "check"}),
     "narrowed_attention": (narrowed_attention, {"ROCM_AUTOPATCH": "force"}),
     "integers_every_call": (integers_every_call, {"ROCM_AUTOPATCH": "force"}),
+    "judge_replayed": (judge_replayed, {"ROCM_AUTOPATCH": "force"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
     "capture_fails": (capture_fails, {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY":

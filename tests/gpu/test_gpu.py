@@ -199,6 +199,15 @@ def test_small_integer_inputs_are_read_every_call_without_a_synchronisation(
     assert got["oldest_read_calls"] <= 4, got  # none older than the ring of slots
 
 
+def test_the_judges_statistics_replayed_are_those_computed_op_by_op(results: dict) -> None:
+    got = results["judge_replayed"]
+    assert got.get("crashed") is None and got["failed"] == "", got
+    assert got["captured_layouts"] == 1, got
+    for call in got["calls"]:  # float64 sums in another order at most (index_add_'s atomics)
+        assert call["largest_relative_difference"] < 1e-9, got
+    assert got["calls"][-1]["nonfinite"] == 1, got
+
+
 def test_a_capture_that_fails_leaves_the_programs_random_numbers_as_they_were(
         results: dict) -> None:
     """issue 43: references that cannot be captured (cholesky synchronises) run op by op;

@@ -196,14 +196,14 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
 
     calls.clear()
     with pytest.raises(RuntimeError, match="not permitted"):  # the op's own error is kept
-        replay._captured(Invalidated(), synchronises, "cuda:0")
+        replay.capture_into(Invalidated(), synchronises, "cuda:0")
     assert calls == [("begin", (0, 11), "thread_local"), ("route back", 0, (0, 11)),
                      ("free", 0, (0, 11))]
     with pytest.raises(RuntimeError, match="previous error"):
-        replay._captured(Invalidated(), lambda: 1, "cuda:1")
+        replay.capture_into(Invalidated(), lambda: 1, "cuda:1")
     assert closed == ["cuda:0", "cuda:1"] and calls[-1] == ("free", 1, (0, 12))
     calls.clear()
-    assert replay._captured(Pooled(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
+    assert replay.capture_into(Pooled(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
     assert calls == [("begin", (0, 13), "thread_local"), ("end",)]  # reset releases it
 
     def unreleasable(i: int, p: object) -> None:
@@ -212,7 +212,7 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     monkeypatch.setattr(torch._C, "_cuda_releasePool", unreleasable)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 14))
     with pytest.raises(RuntimeError, match="previous error"):  # said once, never raised
-        replay._captured(Invalidated(), lambda: 1, "cuda:0")
+        replay.capture_into(Invalidated(), lambda: 1, "cuda:0")
     assert any("memory pool could not be released" in w and "stays reserved" in w
                for w in record.REPORT.warnings)
 
@@ -223,5 +223,5 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("free", p)))
     calls.clear()
     with pytest.raises(RuntimeError, match="previous error"):  # reset releases it: not twice
-        replay._captured(Invalidated(), lambda: 1, "cuda:0")
+        replay.capture_into(Invalidated(), lambda: 1, "cuda:0")
     assert calls == [("begin", (0, 14), "thread_local")]

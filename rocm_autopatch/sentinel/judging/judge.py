@@ -38,7 +38,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.judging.errors import Errors, Value, statistics
+from rocm_autopatch.sentinel.judging.errors import Captures, Errors, Value, statistics
 
 # torch's tolerances for its criterion: the minifier's repro_tolerance and the benchmark
 # suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py
@@ -397,12 +397,14 @@ def _real_pairs(r: Any, c: Any, f: Any) -> Tuple[Any, Any, Any]:
 
 def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
             derived: Optional[Dict[int, Derived]] = None, strict: bool = True,
-            skip: Optional[Dict[int, str]] = None, allowed: Allowance = NONE) -> Judgement:
+            skip: Optional[Dict[int, str]] = None, allowed: Allowance = NONE,
+            captures: Optional[Captures] = None) -> Judgement:
     """Judge each compiled value of ``res`` against eager's ``ref`` with ``ref64`` (float64)
     as the truth. ``strict=False`` (gradients): torch's criterion, non-finite values and
     integers only; the localized and systematic rules are calibrated on forward values.
     ``skip``: values not compared ({index: why}, uninitialised memory), in the stats.
-    ``allowed``: what the graph's math functions may round (float32 values)."""
+    ``allowed``: what the graph's math functions may round (float32 values).
+    ``captures``: the graph's batches whose statistics are replayed (``errors.Captures``)."""
     judged: Dict[int, Tuple[Optional[Mismatch], bool]] = {}
     floating: List[Value] = []
     integral: List[Value] = []
@@ -431,7 +433,7 @@ def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
         # equal integers pass torch's criterion (its allclose of equal tensors) and ours
         judged[v.index] = (None, True) if equal[v.index] else _integral(
             v.r, v.c, v.f, v.index, tol, (derived or {}).get(v.index))
-    found = statistics(floating, tol)
+    found = statistics(floating, tol, captures)
     for v in floating:
         judged[v.index] = _floating(v, found[v.index], tol, stats, strict, allowed)
     bad = [judged[i][0] for i in sorted(judged) if judged[i][0] is not None]

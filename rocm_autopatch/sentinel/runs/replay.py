@@ -152,7 +152,7 @@ class Captured:
                                           warm_kept)
             torch.cuda.synchronize(device)
             reserved = torch.cuda.memory_reserved(device)
-            self.ref, self.ref64 = _captured(self.device_graph, lambda: runs(self.kept),
+            self.ref, self.ref64 = capture_into(self.device_graph, lambda: runs(self.kept),
                                              device)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
@@ -363,7 +363,7 @@ def _small_inputs(flat: List[Any]) -> set:
     return found
 
 
-def _captured(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
+def capture_into(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
     """``run()`` captured into ``device_graph`` in a pool of its own; where that fails,
     ``_after_failed_capture``, and the op's own error raised where it raised one."""
     pool = torch.cuda.graph_pool_handle()
