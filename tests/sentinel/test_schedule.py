@@ -10,6 +10,7 @@ from typing import Any, List, Optional
 
 import pytest
 import torch
+from conftest import dynamo_graph
 
 from rocm_autopatch.sentinel.scheduling import crossings, integers, magnitudes, schedule
 
@@ -474,3 +475,105 @@ def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed
     # 4.5 ms / (0.75% of 8.6 ms) = 70 -> 128 (with the cold call kept: 4 -> 4)
     assert periods[-1] == 128
     assert plan.spent <= 0.01 * 1019 * 8.6e-3
+
+
+def _decode_run(clock: Clock, calls: int, skipping: bool, check: float) -> Any:
+    """A decode loop's schedule on this clock: 4 ms steps, a position and a token id read
+    at 60 us (the reader) or 100 us (the magnitudes), checks costing ``check`` s. Returns what
+    ``due`` said at each call, the calls its reads and gates ran at, and how often it ran
+    its whole body; ``skipping``: calls with nothing due skip it (``quiet``), else never."""
+    schedule.LEDGER.__init__()
+    ids = torch.randint(0, 32000, (calls,), generator=torch.Generator().manual_seed(0))
+    flat0 = [torch.tensor([16]), ids[:1].clone()]
+    plan = schedule.Schedule(1, 0.01, [])
+    reader = integers.followed(flat0, [0, 1])
+    reads: List[Any] = []
+    whole: List[int] = []
+
+    def costs(owner: Any, name: str, seconds: float) -> None:
+        inner = getattr(owner, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            clock.now += seconds
+            reads.append((name, plan.calls))
+            return inner(*a, **k)
+
+        setattr(owner, name, timed)
+
+    values = magnitudes.Magnitudes([0, 1], (0, 1))
+    costs(reader, "follow", 60e-6)
+    costs(values, "measure", 100e-6)
+    costs(values, "now", 100e-6)
+    schedule.follow(plan, reader, values)
+    until = schedule.quiet.until
+    said = []
+    for call in range(calls):
+        flat = [torch.tensor([16 + call]), ids[call:call + 1].clone()]
+        if not skipping:
+            plan.quiet = 0
+        elif plan.calls + 1 >= plan.quiet:
+            whole.append(plan.calls + 1)
+        why = plan.due(flat)
+        said.append(why)
+        if why is not None:
+            plan.checked(why, flat, plan.crossings.take(plan.calls) or plan.magnitudes.now(
+                flat), True, 20e-6, check + 20e-6, [])
+        clock.now += 4e-3
+    assert schedule.quiet.until is until
+    return said, reads, whole
+
+
+def test_calls_with_nothing_due_skip_the_schedule_and_change_nothing(clock: Clock) -> None:
+    """A watched graph's wrapper cost 34 us a call in an H200's decode loop, outside the
+    sentinel's ledger; most calls have nothing due but counting (``scheduling/quiet.py``).
+    Skipped, 3,000 calls of a decode loop are checked at the same calls for the same
+    reasons, read at the same calls, as when every call runs the whole schedule; and most
+    calls skip it."""
+    for check, most in ((1e-3, 3000 / 4), (2e-4, 3000 / 3)):  # period above the reads', below
+        clock.now = 1000.0
+        said, reads, whole = _decode_run(clock, 3000, True, check)
+        clock.now = 1000.0
+        said_all, reads_all, whole_all = _decode_run(clock, 3000, False, check)
+        assert said == said_all and reads == reads_all
+        checks = [(n + 1, why) for n, why in enumerate(said) if why is not None]
+        assert len(checks) >= 15 and {why for _, why in checks} >= {schedule.VALUES,
+                                                                    schedule.SAMPLED}, checks
+        assert any(name == "follow" for name, _ in reads) and any(
+            name == "measure" for name, _ in reads)
+        assert len(whole) < most, len(whole)  # most calls skip the whole schedule
+
+
+def test_a_call_with_nothing_due_runs_compiled_at_once_and_is_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real ``check.call``: 400 calls of a decode-like step (its position an
+    input) are all counted, in the schedule and the graph's record, and checked where the
+    position passes its rungs; most of them run the compiled graph without reading their
+    inputs or running the schedule (``quiet``)."""
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+
+    def step(x: Any, pos: Any) -> Any:
+        return x * 2 + pos
+
+    x = torch.ones(4)
+    gm = dynamo_graph(step, x, torch.tensor([16]))  # static shapes, as Dynamo gives them
+    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    ran = {"due": 0, "inputs": 0}
+    for owner, name in ((schedule.Schedule, "due"), (graph, "inputs")):
+        inner = getattr(owner, name)
+
+        def counted(*a: Any, _inner: Any = inner, _name: str = name, **k: Any) -> Any:
+            ran[_name] += 1
+            return _inner(*a, **k)
+
+        monkeypatch.setattr(owner, name, counted)
+    with torch.no_grad():
+        for n in range(400):
+            out = check.call(graph, (x, torch.tensor([16 + n])), {})
+            assert torch.equal(out[0] if isinstance(out, tuple) else out, x * 2 + 16 + n)
+    plan = graph.schedule
+    assert plan.calls == graph.entry["calls"] == 400
+    assert plan.because[schedule.VALUES] >= 10 and graph.entry["status"] == "passed"
+    assert ran["due"] == ran["inputs"] < 400 / 2, ran

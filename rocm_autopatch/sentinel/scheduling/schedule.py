@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
+from rocm_autopatch.sentinel.scheduling import quiet
 from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
 from rocm_autopatch.sentinel.scheduling.integers import Integers
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
@@ -179,6 +180,7 @@ class Schedule:
         self.last_good = 0  # the last call whose check passed
         self.skipped = 0  # checks that were due and could not be run (memory...)
         self.large_output_checked = False  # a checked call had an output >= 2^31
+        self.quiet = 0  # calls before this one have nothing due but counting (``quiet``)
 
     @property
     def checks(self) -> int:
@@ -195,8 +197,9 @@ class Schedule:
 
     def due(self, flat: List[Any]) -> Optional[str]:
         """Count this call; why it is to be checked, or None."""
-        self.calls += 1
-        n = self.calls
+        n = self.calls = self.calls + 1
+        if n < self.quiet:  # nothing can fall due before (``quiet``)
+            return None
         new_shape = False
         if self.dynamic:
             signature = self.signature(flat)
@@ -250,6 +253,7 @@ class Schedule:
             if not self.owed:
                 return self._sample(n, self.period)
             self.owed -= 1
+        self.quiet = quiet.until(self, n, FOLLOW_GATE, CALIBRATE_AFTER)
         return None
 
     def _sample(self, n: int, period: int) -> str:
@@ -312,6 +316,7 @@ class Schedule:
                 call_seconds: float, check_seconds: float, outputs: List[Any]) -> None:
         """Record a check that ran: what it covered and what it cost."""
         self.because[why] += 1
+        self.quiet = 0  # what is due next changed (the period, the crossings, the values)
         self.large_output_checked = self.large_output_checked or large(outputs)
         if self.dynamic:
             self.checked_shapes.add(self.signature(flat))
@@ -372,7 +377,7 @@ def ratio(plan: Schedule, i: int) -> float:
 
 def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes) -> None:
     """Set what ``plan``'s graph's inputs are followed with (at its first check)."""
-    plan.magnitudes, plan.integers = magnitudes, integers
+    plan.magnitudes, plan.integers, plan.quiet = magnitudes, integers, 0
     if integers is not None:
         magnitudes.followed = frozenset(integers.indices)
 
