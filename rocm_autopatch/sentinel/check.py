@@ -258,8 +258,8 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if graph.fast is not None:
             return graph.fast(*args)
         plan = graph.schedule
-        if plan.calls + 1 < plan.quiet and not graph.confirm:  # nothing due but counting
-            plan.calls += 1
+        if plan.calls + 1 < plan.quiet and not graph.confirm and graph.matches(args):
+            plan.calls += 1  # nothing due but counting (``scheduling.quiet``)
             graph.entry["calls"] = plan.calls
             return graph.compiled(*args)
         flat, boxed = graph.inputs(args)

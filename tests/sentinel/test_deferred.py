@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from rocm_autopatch.sentinel import check, compare, pending  # noqa: E402
 from rocm_autopatch.sentinel.runs import deferred, numerics, replay  # noqa: E402
 from rocm_autopatch.sentinel.runs.graph import Graph  # noqa: E402
-from rocm_autopatch.sentinel.scheduling import schedule  # noqa: E402
+from rocm_autopatch.sentinel.scheduling import quiet, schedule  # noqa: E402
 
 
 class CpuLater(deferred.Later):
@@ -87,6 +87,7 @@ def deferring(monkeypatch: pytest.MonkeyPatch) -> Any:
         return schedule.SAMPLED if self.calls in due_at else None
 
     monkeypatch.setattr(schedule.Schedule, "due", due)
+    monkeypatch.setattr(quiet, "until", lambda plan, n, *rest: n + 1)  # every call: ``due``
     yield due_at
     pending.settle_all()  # nothing left pending for the next test
 

@@ -544,13 +544,16 @@ def test_calls_with_nothing_due_skip_the_schedule_and_change_nothing(clock: Cloc
 
 
 def test_a_call_with_nothing_due_runs_compiled_at_once_and_is_counted(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the real ``check.call``: 400 calls of a decode-like step (its position an
-    input) are all counted, in the schedule and the graph's record, and checked where the
-    position passes its rungs; most of them run the compiled graph without reading their
-    inputs or running the schedule (``quiet``)."""
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the real ``check.call``, on this clock (4 ms steps, the reads and checks
+    costing what they cost on a GPU): 400 calls of a decode-like step (its position an
+    input) are checked at the same calls for the same reasons, skipping or not, all
+    counted in the schedule and the graph's record; most of them run the compiled graph
+    without reading their inputs or running the schedule (``quiet``). A call with another
+    number of inputs than the graph's is never skipped: it settles the graph, as before."""
     from rocm_autopatch.sentinel import check
     from rocm_autopatch.sentinel.runs.graph import Graph
+    from rocm_autopatch.sentinel.scheduling import quiet
 
     monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
 
@@ -559,21 +562,55 @@ def test_a_call_with_nothing_due_runs_compiled_at_once_and_is_counted(
 
     x = torch.ones(4)
     gm = dynamo_graph(step, x, torch.tensor([16]))  # static shapes, as Dynamo gives them
-    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
-    ran = {"due": 0, "inputs": 0}
-    for owner, name in ((schedule.Schedule, "due"), (graph, "inputs")):
-        inner = getattr(owner, name)
+    ran: dict = {}
+    found: list = []
+    costs = ((magnitudes.Magnitudes, "measure", 100e-6), (magnitudes.Magnitudes, "now", 100e-6),
+             (integers.Integers, "follow", 60e-6), (check.Check, "compare", 2e-4),
+             (schedule.Schedule, "due", 0.0), (Graph, "inputs", 0.0))
+    def costing(inner: Any, name: str, seconds: float) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            clock.now += seconds
+            ran[name] = ran.get(name, 0) + 1
+            return inner(*a, **k)
+        return timed
 
-        def counted(*a: Any, _inner: Any = inner, _name: str = name, **k: Any) -> Any:
-            ran[_name] += 1
-            return _inner(*a, **k)
+    for owner, name, seconds in costs:
+        monkeypatch.setattr(owner, name, costing(getattr(owner, name), name, seconds))
+    checked = schedule.Schedule.checked
+    monkeypatch.setattr(schedule.Schedule, "checked", lambda self, why, *a: (
+        found.append((self.calls, why)), checked(self, why, *a))[1])
+    until = quiet.until
 
-        monkeypatch.setattr(owner, name, counted)
-    with torch.no_grad():
-        for n in range(400):
-            out = check.call(graph, (x, torch.tensor([16 + n])), {})
-            assert torch.equal(out[0] if isinstance(out, tuple) else out, x * 2 + 16 + n)
+    def run(skipping: bool) -> Any:
+        schedule.LEDGER.__init__()
+        clock.now = 1000.0
+        ran.clear()
+        found.clear()
+        quiet.until = until if skipping else (lambda plan, n, *rest: n + 1)
+        graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+        with torch.no_grad():
+            for n in range(400):
+                out = check.call(graph, (x, torch.tensor([16 + n])), {})
+                assert torch.equal(out[0] if isinstance(out, tuple) else out, x * 2 + 16 + n)
+                clock.now += 4e-3
+        return graph, list(found), dict(ran)
+
+    try:
+        graph, skipped, ran_skipping = run(True)
+        _, every, ran_every = run(False)
+    finally:
+        quiet.until = until
+    assert skipped == every and ran_every["due"] == 400, (skipped, every)
+    assert graph.schedule.calls == graph.entry["calls"] == 400
+    whys = {why for _, why in skipped}
+    assert {schedule.VALUES, schedule.SAMPLED} <= whys and graph.entry["status"] == "passed"
+    assert ran_skipping["due"] == ran_skipping["inputs"] < 400 / 2, ran_skipping
     plan = graph.schedule
-    assert plan.calls == graph.entry["calls"] == 400
-    assert plan.because[schedule.VALUES] >= 10 and graph.entry["status"] == "passed"
-    assert ran["due"] == ran["inputs"] < 400 / 2, ran
+    with torch.no_grad():
+        while plan.quiet <= plan.calls + 1:  # on to a call that opens a window
+            check.call(graph, (x, torch.tensor([16 + plan.calls])), {})
+            clock.now += 4e-3
+    calls = plan.calls
+    with pytest.raises(TypeError):  # one input short: the program's own error, as before
+        check.call(graph, (x,), {})  # not skipped: the graph settled
+    assert graph.fast is not None and plan.calls == calls

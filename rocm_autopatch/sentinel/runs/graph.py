@@ -192,6 +192,12 @@ class Graph:
             return list(args[0]), True
         return None, False
 
+    def matches(self, args: Tuple[Any, ...]) -> bool:
+        """Are ``args`` as many inputs as the graph's (``inputs`` would take them)?"""
+        count = len(self.placeholders)
+        return len(args) == count or (len(args) == 1 and isinstance(args[0], list)
+                                      and len(args[0]) == count)
+
     def eager_call(self, *args: Any) -> Any:
         flat, boxed = self.inputs(args)
         if flat is None:

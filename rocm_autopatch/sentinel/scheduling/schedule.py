@@ -198,7 +198,7 @@ class Schedule:
     def due(self, flat: List[Any]) -> Optional[str]:
         """Count this call; why it is to be checked, or None."""
         n = self.calls = self.calls + 1
-        if n < self.quiet:  # nothing can fall due before (``quiet``)
+        if n < self.quiet:  # nothing can fall due before (``quiet``; never dynamic graphs)
             return None
         new_shape = False
         if self.dynamic:
