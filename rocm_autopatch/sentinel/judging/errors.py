@@ -250,9 +250,11 @@ class Captures:
         self.why = ""  # why captures ended, in words ("" while they go on)
 
     def key(self, values: List[Value], tol: float) -> Any:
-        """The batch's layout, where it may be captured (None: on a CPU, or too large)."""
+        """The batch's layout, where it may be captured (None: captures ended, on a CPU,
+        or too large)."""
         device = values[0].c.device
-        if device.type not in self.devices or sum(v.c.numel() for v in values) > CAPTURE_NUMEL:
+        if self.why or device.type not in self.devices or sum(
+                v.c.numel() for v in values) > CAPTURE_NUMEL:
             return None
         return tol, device, tuple((v.index, *_kind(v), v.r.shape, v.c.shape, v.truth().shape)
                                   for v in values)

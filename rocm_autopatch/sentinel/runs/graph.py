@@ -185,12 +185,11 @@ class Graph:
         """The graph's inputs as a list, and whether the call was boxed (one list that the
         compiled function empties). The ``_boxed_call`` attribute is not trusted: torch's
         ``aot_module_simplified`` copies it onto an unboxed function."""
-        count = len(self.placeholders)
-        if len(args) == count:
+        if not self.matches(args):
+            return None, False
+        if len(args) == len(self.placeholders):
             return list(args), False
-        if len(args) == 1 and isinstance(args[0], list) and len(args[0]) == count:
-            return list(args[0]), True
-        return None, False
+        return list(args[0]), True
 
     def matches(self, args: Tuple[Any, ...]) -> bool:
         """Are ``args`` as many inputs as the graph's (``inputs`` would take them)?"""
