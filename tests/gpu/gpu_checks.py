@@ -223,6 +223,16 @@ def first_compile_in_capture() -> Dict[str, Any]:
         return {"raised": chain, "message": str(sys.exc_info()[1])[:400]}
 
 
+def _descends(pid: int) -> bool:
+    """Is ``pid`` a descendant of this process (read from ``/proc``)?"""
+    while pid > 1:
+        with open(f"/proc/{pid}/stat") as fh:
+            pid = int(fh.read().rsplit(")", 1)[1].split()[1])  # the parent's pid
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def pingpong_reaches_workers() -> Dict[str, Any]:
     """issue 45: on gfx942 (a fake KFD topology: no AMD GPU here) with an affected Triton,
     a program that keeps Triton GEMM templates autotuned gets TRITON_HIP_USE_BLOCK_PINGPONG=0
@@ -246,8 +256,8 @@ def pingpong_reaches_workers() -> Dict[str, Any]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if b"compile_worker" not in fh.read():
-                    continue
+                if b"compile_worker" not in fh.read() or not _descends(int(pid)):
+                    continue  # another program's workers (scenarios run side by side)
             with open(f"/proc/{pid}/environ", "rb") as fh:
                 env = dict(v.split(b"=", 1) for v in fh.read().split(b"\0") if b"=" in v)
             found.append(env.get(b"TRITON_HIP_USE_BLOCK_PINGPONG", b"unset").decode())

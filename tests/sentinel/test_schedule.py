@@ -614,3 +614,61 @@ def test_a_call_with_nothing_due_runs_compiled_at_once_and_is_counted(
     with pytest.raises(TypeError):  # one input short: the program's own error, as before
         check.call(graph, (x,), {})  # not skipped: the graph settled
     assert graph.fast is not None and plan.calls == calls
+
+
+def _on_clock(clock: Clock, inner: Any, seconds: float) -> Any:
+    """``inner``, costing ``seconds`` on ``clock`` at each call."""
+    def timed(*a: Any, **k: Any) -> Any:
+        clock.now += seconds
+        return inner(*a, **k)
+    return timed
+
+
+def test_a_quiet_call_asks_the_device_nothing_and_a_call_in_capture_is_left_alone(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet call (``scheduling.quiet``) asks the runtime nothing, not even whether the
+    stream captures (7 us a call on an H200); every other call asks that first, and while
+    the stream captures (a STAND-IN: a CPU has no graph capture) runs compiled, neither
+    checked nor counted."""
+    from rocm_autopatch.guards import capture
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    asked, due, capturing = [], [], [False]
+    monkeypatch.setattr(capture, "capturing", lambda torch_: (  # STAND-IN, see above
+        asked.append(1), capturing[0])[1])
+    real_due = schedule.Schedule.due
+    monkeypatch.setattr(schedule.Schedule, "due", lambda self, flat: (
+        due.append(self.calls), real_due(self, flat))[1])
+    for owner, name, seconds in ((magnitudes.Magnitudes, "measure", 100e-6),
+                                 (magnitudes.Magnitudes, "now", 100e-6),
+                                 (integers.Integers, "follow", 60e-6)):  # a GPU's costs
+        monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
+
+    def step(x: Any, pos: Any) -> Any:
+        return x * 2 + pos
+
+    x = torch.ones(4)
+    gm = dynamo_graph(step, x, torch.tensor([16]))
+    schedule.LEDGER.__init__()
+    clock.now = 1000.0
+    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    plan = graph.schedule
+    with torch.no_grad():
+        for n in range(400):
+            check.call(graph, (x, torch.tensor([16 + n])), {})
+            clock.now += 4e-3
+        # every call that ran the schedule asked, and no other (about half were quiet)
+        assert len(asked) == len(due) < 400 and plan.calls == 400, (len(asked), len(due))
+        while plan.quiet <= plan.calls + 1:  # on to a call that opens a quiet window
+            check.call(graph, (x, torch.tensor([16 + plan.calls])), {})
+            clock.now += 4e-3
+        while plan.calls + 1 < plan.quiet:  # the window's quiet calls
+            check.call(graph, (x, torch.tensor([16 + plan.calls])), {})
+        capturing[0], calls, checked = True, plan.calls, graph.entry["calls_checked"]
+        before, due_before = len(asked), len(due)
+        out = check.call(graph, (x, torch.tensor([7])), {})
+    assert torch.equal(out[0] if isinstance(out, tuple) else out, x * 2 + 7)
+    assert len(asked) == before + 1 and len(due) == due_before  # asked, then left alone
+    assert plan.calls == calls and graph.entry["calls_checked"] == checked
