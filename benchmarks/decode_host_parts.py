@@ -10,8 +10,9 @@ Each part listed in ``PARTS`` is wrapped with a clock (about 1 us a call of its 
 part called at every call reads a little high); per part: calls, total ms, median ms, and
 each call's ms where there are at most 20. ``per_call_us``: what the sentinel's wrapper of
 the decode graph costs each call beyond the compiled call itself, in the timed generations,
-and the part of it the sentinel's ledger counts (its value reads); the rest is outside the
-ledger's share.
+the part of it that is the ledger's value reads, the rest (``outside_the_ledger``: the
+ledger did not count it before 2026-11-28) and what the ledger now counts as the wrapper's
+(``ledger_wrapper``: measured by ``check.call`` itself, without the parts' clocks).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ with torch.no_grad():
     torch.cuda.synchronize()
     first = dict(parts)
     parts.clear()
+    wrapper = schedule.LEDGER.wrapper
     start = time.perf_counter()
     for _ in range(3):
         generate(tokens)
@@ -74,7 +76,9 @@ reads = sum(sum(parts.get(k, [])) for k in READS)
 print(json.dumps({"timed_seconds": round(wall, 3), "wall_ms_per_call": round(wall / calls * 1e3, 3),
                   "per_call_us": {"beyond_the_compiled_call": round(beyond / calls * 1e6, 1),
                                   "ledger_reads": round(reads / calls * 1e6, 1),
-                                  "outside_the_ledger": round((beyond - reads) / calls * 1e6, 1)},
+                                  "outside_the_ledger": round((beyond - reads) / calls * 1e6, 1),
+                                  "ledger_wrapper": round((schedule.LEDGER.wrapper - wrapper)
+                                                          / calls * 1e6, 1)},
                   "sentinel_share": schedule.LEDGER.spent_share(),
                   "first_generation_ms": summary(first), "timed_ms": summary(parts)}))
 """

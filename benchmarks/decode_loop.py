@@ -12,7 +12,8 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 own empty Inductor cache, ROCm behaviour forced. Each process generates ``--tokens`` new
 tokens three times after one warm-up generation; tokens/s is of those three, and
 ``sentinel_share`` is the sentinel's own measure of its share of the wall time (its sampled
-checks and value reads over the time since the first warm call, all graphs).
+checks, value reads and, since 2026-11-28, its wrapper's time at every call, over the time
+since the first warm call, all graphs).
 
 ``--with-at-call``: a third arm in each round, ``check_at_call``: ``check`` with every
 verdict read at the checked call (as before the deferred verdict, ``sentinel/runs/deferred``).
@@ -162,7 +163,8 @@ print(json.dumps({"tokens_per_s": speed, "first_different_token": first_differen
                   # all of them, and its seconds over the watched arm's own
                   "sentinel_share": schedule.LEDGER.spent_share(),
                   "sentinel_seconds_over_check_time": round(
-                      schedule.LEDGER.spent / seconds["check"], 5),
+                      (schedule.LEDGER.spent + schedule.LEDGER.wrapper) / seconds["check"],
+                      5),
                   "graphs": [{k: g.get(k) for k in keep} for g in graphs]}))
 """
 

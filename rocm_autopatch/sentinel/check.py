@@ -247,6 +247,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
 
     from rocm_autopatch.guards import capture
 
+    began, spent = time.perf_counter(), schedule.LEDGER.spent
     if kwargs or getattr(busy, "checking", False) or numerics.fake_call(args) or \
             not graph.lock.acquire(blocking=False):
         # Fake tensors are a compiler's propagation, not the program's call; another thread
@@ -260,6 +261,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             # device: so not whether the stream captures either (7 us a call on an H200).
             plan.calls += 1
             graph.entry["calls"] = plan.calls
+            schedule.LEDGER.wrapper += time.perf_counter() - began
             return graph.compiled(*args)
         if capture.capturing(torch):  # inside graph capture nothing may synchronise
             return graph.compiled(*args)
@@ -283,6 +285,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         graph.entry["calls"] = plan.calls
         if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
             graph.note(**schedule.coverage(plan))
+        wrapped(began, spent)
         if why is None:
             res = graph.compiled(*args)
             if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
@@ -295,6 +298,13 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         return timed(graph, args, flat, boxed, why, None)
     finally:
         graph.lock.release()
+
+
+def wrapped(began: float, spent: float) -> None:
+    """Count in the ledger what the wrapper took of a call since ``began`` beyond what the
+    ledger counted meanwhile (``spent`` then: the reads ``due`` made count themselves)."""
+    ledger = schedule.LEDGER
+    ledger.wrapper += max(time.perf_counter() - began - (ledger.spent - spent), 0.0)
 
 
 def large_output_is_new(graph: Graph, res: Any) -> bool:

@@ -624,6 +624,46 @@ def _on_clock(clock: Clock, inner: Any, seconds: float) -> Any:
     return timed
 
 
+def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrapper's own time at each call of a watched graph (``check.call``) is in the
+    ledger's share with its reads and checks, and nothing twice: on this clock a quiet
+    call's guards cost 3 us, another call's reading of its inputs 5 us and its reads what
+    they cost on a GPU (counted by the schedule itself)."""
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    for owner, name, seconds in ((magnitudes.Magnitudes, "measure", 100e-6),
+                                 (magnitudes.Magnitudes, "now", 100e-6),
+                                 (integers.Integers, "follow", 60e-6),
+                                 (Graph, "matches", 3e-6), (Graph, "inputs", 5e-6)):
+        monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
+
+    def step(x: Any, pos: Any) -> Any:
+        return x * 2 + pos
+
+    x = torch.ones(4)
+    gm = dynamo_graph(step, x, torch.tensor([16]))
+    clock.now = 1000.0
+    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    inputs = []
+    monkeypatch.setattr(Graph, "inputs", lambda self, args, inner=Graph.inputs: (
+        inputs.append(self.schedule.calls + 1), inner(self, args))[1])
+    quiet_calls = 0
+    with torch.no_grad():
+        for n in range(400):
+            quiet_calls += graph.schedule.calls + 1 < graph.schedule.quiet
+            check.call(graph, (x, torch.tensor([16 + n])), {})
+            clock.now += 4e-3
+    ledger = schedule.LEDGER
+    assert 0 < quiet_calls < 400 and len(inputs) == 400 - quiet_calls
+    # matches: asked at the quiet calls, and by inputs() (a graph of two inputs) at others
+    assert ledger.wrapper == pytest.approx(3e-6 * quiet_calls + 8e-6 * len(inputs))
+    assert ledger.spent > 0 and ledger.spent_share() == pytest.approx(
+        (ledger.spent + ledger.wrapper) / (clock.now - ledger.start), abs=1e-5)
+
+
 def test_a_quiet_call_asks_the_device_nothing_and_a_call_in_capture_is_left_alone(
         clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A quiet call (``scheduling.quiet``) asks the runtime nothing, not even whether the

@@ -123,6 +123,7 @@ class Ledger:
         self.start: Optional[float] = None  # the first warm call of any graph
         self.graphs = 0  # graphs called past their first calls
         self.spent = 0.0  # seconds of sampled checks and value reads, all graphs
+        self.wrapper = 0.0  # seconds the wrapper took at calls, beyond what ``spent`` holds
 
     def join(self) -> None:
         """A graph's first call past its first calls."""
@@ -134,8 +135,10 @@ class Ledger:
         return budget / max(self.graphs, 1)
 
     def spent_share(self) -> float:
-        """The sentinel's share of the wall time since the first warm call."""
-        return _share_since(self.spent, self.start)
+        """The sentinel's share of the wall time since the first warm call: its checks, its
+        reads and its wrapper at every call (``check.call``), which the budget does not
+        yet answer to (the checks' period and the reads' stride are set against the rest)."""
+        return _share_since(self.spent + self.wrapper, self.start)
 
 
 def _share_since(spent: float, since: Optional[float]) -> float:
