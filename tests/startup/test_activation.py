@@ -250,8 +250,9 @@ def test_a_process_that_compiles_is_told_once_what_changed(torch_venv: Venv,
         names = ", ".join(key.split(".", 1)[1] for key in applied)
         assert said[0] == (f"rocm-autopatch: safe profile: changed {names} (why: "
                            "rocm-autopatch doctor; undo: ROCM_AUTOPATCH=0)")
-    quiet = torch_venv.run(SAY_WHAT, env={"ROCM_AUTOPATCH": ""})
-    assert quiet.returncode == 0 and "rocm-autopatch" not in quiet.stderr, quiet.stderr
+    if not level:  # the same process for either level: run once
+        quiet = torch_venv.run(SAY_WHAT, env={"ROCM_AUTOPATCH": ""})
+        assert quiet.returncode == 0 and "rocm-autopatch" not in quiet.stderr, quiet.stderr
 
 
 PENDING = """
