@@ -243,32 +243,31 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """One call of ``graph``: run compiled, or checked where the schedule says it is due.
     Never checked inside graph capture (nothing may synchronise there), on fake tensors
     (a compiler's propagation), inside another check, or while another thread checks it."""
+    began, spent = time.perf_counter(), schedule.LEDGER.spent
     import torch
 
     from rocm_autopatch.guards import capture
 
-    began, spent = time.perf_counter(), schedule.LEDGER.spent
-    if kwargs or getattr(busy, "checking", False) or numerics.fake_call(args) or \
-            not graph.lock.acquire(blocking=False):
-        # Fake tensors are a compiler's propagation, not the program's call; another thread
-        # is checking it.
+    # Asked before anything else, the quiet calls included (7 us a call on an H200): a call
+    # made inside the program's capture is never counted, so every rank and every run
+    # numbers the same calls the same way (asked only off the quiet calls, the calls of a
+    # capture were counted or not by where the quiet window ended, which follows timings).
+    if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
+            numerics.fake_call(args) or not graph.lock.acquire(blocking=False):
+        # Inside graph capture nothing may synchronise; fake tensors are a compiler's
+        # propagation, not the program's call; another thread is checking it.
         return graph.compiled(*args, **kwargs)
     try:
-        plan = graph.schedule
-        if plan.calls + 1 < plan.quiet and graph.pending is None and graph.fast is None \
-                and not graph.confirm and graph.matches(args):
-            # Nothing due but counting (``scheduling.quiet``), and nothing asked of the
-            # device: so not whether the stream captures either (7 us a call on an H200).
-            plan.calls += 1
-            graph.entry["calls"] = plan.calls
-            schedule.LEDGER.wrapper += time.perf_counter() - began
-            return graph.compiled(*args)
-        if capture.capturing(torch):  # inside graph capture nothing may synchronise
-            return graph.compiled(*args)
         if graph.pending is not None:
             pending.settle(graph, wait=False)
         if graph.fast is not None:
             return graph.fast(*args)
+        plan = graph.schedule
+        if plan.calls + 1 < plan.quiet and not graph.confirm and graph.matches(args):
+            plan.calls += 1  # nothing due but counting (``scheduling.quiet``)
+            graph.entry["calls"] = plan.calls
+            wrapped(began, spent)
+            return graph.compiled(*args)
         flat, boxed = graph.inputs(args)
         if flat is None:
             pending.settle(graph, wait=True)
