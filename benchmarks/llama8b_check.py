@@ -80,6 +80,7 @@ print(json.dumps({"tokens_per_s": round(rounds * tokens / seconds, 2),
                   "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                   "sentinel_share": schedule.LEDGER.spent_share() if v else 0.0,
                   "ledger_spent_s": round(schedule.LEDGER.spent, 4),
+                  "ledger_wrapper_s": round(schedule.LEDGER.wrapper, 4),  # in the share too
                   "check_costs_ms": costs,
                   "ledger_parts_s": {k: round(x, 4) for k, x in parts.items()},
                   "graphs": [{k: g.get(k) for k in keep} for g in v.get("graphs", [])]}))
