@@ -3,9 +3,11 @@ skip ``Schedule.due`` (and the wrapper's reading of their inputs), so that the s
 cost at every call of a decode step stays near that of one comparison.
 
 Every call of a watched graph passed through ``check.call`` and ``Schedule.due``: about 34
-us a call in an H200's decode loop, none of it in the sentinel's ledger (0.75-0.95% of an
-8-layer decode step; BENCHMARKS.md, "Where the host time of a decode loop under `check`
-goes"). Most of those calls can do nothing but count: ``until`` says up to which call.
+us a call in an H200's decode loop (0.75-0.95% of an 8-layer decode step; BENCHMARKS.md,
+"Where the host time of a decode loop under `check` goes"; the ledger counts the wrapper's
+time since, ``check.wrapped``). Most of those calls can do nothing but count: ``until``
+says up to which call. Skipped, ``due`` took 4-11 us of those 34; most of the rest is the
+question whether the stream captures, which every call still asks (``check.call``).
 """
 
 from __future__ import annotations
