@@ -6,7 +6,7 @@ their largest checked value. What it finds in a real program is tested through t
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 import torch
@@ -624,24 +624,19 @@ def _on_clock(clock: Clock, inner: Any, seconds: float) -> Any:
     return timed
 
 
-def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
-        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The wrapper's own time at each call of a watched graph (``check.call``) is in the
-    ledger's share with its reads and checks, and nothing twice: on this clock asking
-    whether the stream captures costs 7 us, a quiet call's input count 3 us, another
-    call's reading of its inputs 5 us more, its reads what they cost on a GPU (counted by
-    the schedule itself) and the compiled call 50 us (the program's, not counted)."""
-    from rocm_autopatch.sentinel import check
+GPU_READS = ((magnitudes.Magnitudes, "measure", 100e-6), (magnitudes.Magnitudes, "now", 100e-6),
+             (integers.Integers, "follow", 60e-6))  # what the reads cost on a GPU
+
+
+def _watched_step(clock: Clock, monkeypatch: pytest.MonkeyPatch, costs: Tuple[Any, ...] = (),
+                  call_seconds: float = 0.0) -> Tuple[Any, Any]:
+    """A decode-like step (its position an input) watched under ``check`` on ``clock``: its
+    reads cost what they cost on a GPU, ``costs`` (owner, name, seconds) theirs, and the
+    compiled call ``call_seconds``. The graph and its float input."""
     from rocm_autopatch.sentinel.runs.graph import Graph
 
     monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
-    from rocm_autopatch.guards import capture
-
-    for owner, name, seconds in ((magnitudes.Magnitudes, "measure", 100e-6),
-                                 (magnitudes.Magnitudes, "now", 100e-6),
-                                 (integers.Integers, "follow", 60e-6),
-                                 (Graph, "matches", 3e-6), (Graph, "inputs", 5e-6),
-                                 (capture, "capturing", 7e-6)):
+    for owner, name, seconds in GPU_READS + tuple(costs):
         monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
 
     def step(x: Any, pos: Any) -> Any:
@@ -650,7 +645,24 @@ def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
     x = torch.ones(4)
     gm = dynamo_graph(step, x, torch.tensor([16]))
     clock.now = 1000.0
-    graph = Graph(gm, _on_clock(clock, gm, 50e-6), "t/0", "test", "check", 1, 0.01)
+    compiled = _on_clock(clock, gm, call_seconds) if call_seconds else gm
+    return Graph(gm, compiled, "t/0", "test", "check", 1, 0.01), x
+
+
+def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wrapper's own time at each call of a watched graph (``check.call``) is in the
+    ledger's share with its reads and checks, and nothing twice: on this clock asking
+    whether the stream captures costs 7 us, a quiet call's input count 3 us, another
+    call's reading of its inputs 5 us more, its reads what they cost on a GPU (counted by
+    the schedule itself) and the compiled call 50 us (the program's, not counted)."""
+    from rocm_autopatch.guards import capture
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    graph, x = _watched_step(clock, monkeypatch, ((Graph, "matches", 3e-6),
+                                                  (Graph, "inputs", 5e-6),
+                                                  (capture, "capturing", 7e-6)), 50e-6)
     inputs = []
     monkeypatch.setattr(Graph, "inputs", lambda self, args, inner=Graph.inputs: (
         inputs.append(self.schedule.calls + 1), inner(self, args))[1])
@@ -679,27 +691,14 @@ def test_a_call_inside_capture_is_neither_counted_nor_checked_quiet_or_not(
     only off the quiet calls, the capture's calls inside a window were counted.)"""
     from rocm_autopatch.guards import capture
     from rocm_autopatch.sentinel import check
-    from rocm_autopatch.sentinel.runs.graph import Graph
 
-    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
     asked, due, capturing = [], [], [False]
     monkeypatch.setattr(capture, "capturing", lambda torch_: (  # STAND-IN, see above
         asked.append(1), capturing[0])[1])
     real_due = schedule.Schedule.due
     monkeypatch.setattr(schedule.Schedule, "due", lambda self, flat: (
         due.append(self.calls), real_due(self, flat))[1])
-    for owner, name, seconds in ((magnitudes.Magnitudes, "measure", 100e-6),
-                                 (magnitudes.Magnitudes, "now", 100e-6),
-                                 (integers.Integers, "follow", 60e-6)):  # a GPU's costs
-        monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
-
-    def step(x: Any, pos: Any) -> Any:
-        return x * 2 + pos
-
-    x = torch.ones(4)
-    gm = dynamo_graph(step, x, torch.tensor([16]))
-    clock.now = 1000.0
-    graph = Graph(gm, gm, "t/0", "test", "check", 1, 0.01)
+    graph, x = _watched_step(clock, monkeypatch)
     plan = graph.schedule
 
     def call(pos: int) -> Any:
