@@ -98,6 +98,9 @@ with torch.no_grad():
         seconds = time.perf_counter() - start
         out["tokens_per_s"] = round(3 * tokens / seconds, 2)
         out["sentinel_share"] = schedule.LEDGER.spent_share()
+        # the share's two parts: checks and reads, and the wrapper at every call
+        out["ledger_spent_s"] = round(schedule.LEDGER.spent, 4)
+        out["ledger_wrapper_s"] = round(schedule.LEDGER.wrapper, 4)
 graphs = rocm_autopatch.report().verify.get("graphs", [])
 keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
         "values_stride", "found_at_call", "found_because", "budget_spent", "reason",
