@@ -17,6 +17,12 @@ before (seen in 2.4 and 2.6, where ``_compile`` returns ``Optional[GuardedCode]`
 so the code is un-skipped with ``reset_code`` when the capture ends
 (``CUDAGraph.capture_end``).
 
+The sentinel (``ROCM_AUTOPATCH_VERIFY``) asks at each call of a graph it watches whether
+the stream captures. ``count_captures`` counts the captures begun through
+``torch.cuda.CUDAGraph`` (the wrappers of ``capture_begin``/``capture_end`` live here, one
+pair, shared with the legacy form's hook), so that its quiet calls need not ask the runtime
+while none is open (``none_open``).
+
 ``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1`` restores torch's own behaviour; there the RNG fix
 (torch < 2.10: a compile reads the CUDA RNG state, which fails in capture; pytorch#131782,
 fixed by PR 162505 in 2.10) and the clear error for a first compile inside capture apply.
@@ -106,22 +112,88 @@ def reenable_declined(torch: types.ModuleType) -> None:
             reset_code(code)
 
 
-def install_capture_end_hook(torch: types.ModuleType) -> bool:
-    """Wrap ``torch.cuda.graphs.CUDAGraph.capture_end`` (legacy form only); idempotent."""
-    cls = getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None)
+# ---- CUDAGraph's capture_begin and capture_end: the one pair of wrappers -----------------
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+_reenable = False  # capture_end re-enables the declined codes (the legacy form)
+_counted: Optional[type] = None  # the class whose captures are counted (``count_captures``)
+_open = 0  # captures begun through it and not yet ended
+
+
+def _graph_class(torch: types.ModuleType) -> Optional[type]:
+    return getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None)
+
+
+def _wrap(cls: type, torch: types.ModuleType) -> bool:
+    """``cls.capture_begin`` and ``cls.capture_end`` wrapped once; each wrapper reads the
+    flags above when called, so the policy's hook and the sentinel's counter share them."""
+    def make_begin(original: Callable[..., Any]) -> Callable[..., Any]:
+        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+            global _open
+            with _lock:
+                _open += 1  # before the runtime begins: no call of the capture goes uncounted
+            try:
+                return original(self, *args, **kwargs)
+            except BaseException:
+                with _lock:
+                    _open = max(_open - 1, 0)
+                raise
+        return capture_begin
+
+    def make_end(original: Callable[..., Any]) -> Callable[..., Any]:
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
+            global _open
             try:
                 return original(self, *args, **kwargs)
             finally:
+                with _lock:
+                    _open = max(_open - 1, 0)  # begun before the count started: 0 stays 0
                 try:
-                    reenable_declined(torch)
+                    if _reenable:
+                        reenable_declined(torch)
                 except Exception as exc:  # noqa: BLE001 - never break the user's capture
                     log.hook_failed("torch.cuda.graphs", "capture_end re-enable", exc)
         return capture_end
 
-    return cls is not None and patching.wrap(cls, "capture_end", make) is not None
+    return (patching.wrap(cls, "capture_begin", make_begin) is not None
+            and patching.wrap(cls, "capture_end", make_end) is not None)
+
+
+def install_capture_end_hook(torch: types.ModuleType) -> bool:
+    """The legacy form: the codes declined during a capture compile again once it ends
+    (``CUDAGraph.capture_end``); idempotent."""
+    global _reenable
+    cls = _graph_class(torch)
+    if cls is None or not _wrap(cls, torch):
+        return False
+    _reenable = True
+    return True
+
+
+def count_captures(torch: types.ModuleType) -> bool:
+    """Count the captures begun through ``torch.cuda.graphs.CUDAGraph``: ``torch.cuda.graph``,
+    ``make_graphed_callables``, Inductor's CUDA graph trees and the frameworks built on them
+    (``torch/cuda/graphs.py``). Then a watched graph's quiet call (``sentinel.check``)
+    need not ask the runtime whether its stream captures, 7-9 us a call in an H200's
+    decode loop (BENCHMARKS.md), while none is open (``none_open``). A capture already
+    under way on this thread's stream when the count starts counts as one. Idempotent."""
+    global _counted, _open
+    cls = _graph_class(torch)
+    if cls is None or not _wrap(cls, torch):
+        return False
+    with _lock:
+        if _counted is None and capturing(torch):
+            _open += 1
+        _counted = cls
+    return True
+
+
+def none_open() -> bool:
+    """True where captures are counted, no capture begun through ``CUDAGraph`` is open, and
+    our wrapper is still in place (taken out, the count would stop: then this is False
+    and the runtime is asked). A capture begun elsewhere (a C++ extension's own) is not
+    counted: a call that may do more than count still asks the runtime (``capturing``)."""
+    cls = _counted
+    return cls is not None and not _open and patching.ours(cls.__dict__.get("capture_begin"))
 
 
 # ---- torch's behaviour (ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1) ----------------------------

@@ -248,17 +248,25 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
 
     from rocm_autopatch.guards import capture
 
-    # Asked before anything else, the quiet calls included (7 us a call on an H200): a call
-    # made inside the program's capture is never counted, so every rank and every run
-    # numbers the same calls the same way (asked only off the quiet calls, the calls of a
-    # capture were counted or not by where the quiet window ended, which follows timings).
-    if kwargs or getattr(busy, "checking", False) or capture.capturing(torch) or \
+    # Whether the stream captures is known before anything else, the quiet calls included:
+    # a call made inside the program's capture is never counted, so every rank and every
+    # run numbers the same calls the same way (known only off the quiet calls, the calls of
+    # a capture were counted or not by where the quiet window ended, which follows
+    # timings). While no capture begun through torch's CUDAGraph is open (counted by
+    # ``guards.capture``), a quiet call does not ask the runtime (7-9 us a call on an H200);
+    # a call that may do more than count asks it (``elsewhere``).
+    counted = capture.none_open()
+    if kwargs or getattr(busy, "checking", False) or \
+            (not counted and capture.capturing(torch)) or \
             numerics.fake_call(args) or not graph.lock.acquire(blocking=False):
         # Inside graph capture nothing may synchronise; fake tensors are a compiler's
         # propagation, not the program's call; another thread is checking it.
         return graph.compiled(*args, **kwargs)
     try:
         if graph.pending is not None:
+            if elsewhere(torch, counted):
+                return graph.compiled(*args)
+            counted = False  # asked
             pending.settle(graph, wait=False)
         if graph.fast is not None:
             return graph.fast(*args)
@@ -268,35 +276,54 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             graph.entry["calls"] = plan.calls
             wrapped(began, spent)
             return graph.compiled(*args)
-        flat, boxed = graph.inputs(args)
-        if flat is None:
-            pending.settle(graph, wait=True)
-            graph.finish(SKIPPED, "not checked: called with inputs that do not match the "
-                                 "graph")
+        if elsewhere(torch, counted):
             return graph.compiled(*args)
-        seen = plan.shapes_seen
-        try:
-            why = plan.due(flat)
-        except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
-            why = None
-        if why is None and graph.confirm:  # a deferred verdict differed: confirmed here
-            why = schedule.SAMPLED
-        graph.entry["calls"] = plan.calls
-        if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
-            graph.note(**schedule.coverage(plan))
-        wrapped(began, spent)
-        if why is None:
-            res = graph.compiled(*args)
-            if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
-                return timed(graph, args, flat, boxed, schedule.SHAPE, res)
-            return res
-        if graph.pending is not None:  # one check at a time: the last one's verdict first
-            pending.settle(graph, wait=True)
-            if graph.fast is not None:
-                return graph.fast(*args)
-        return timed(graph, args, flat, boxed, why, None)
+        return scheduled(graph, args, began, spent)
     finally:
         graph.lock.release()
+
+
+def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -> Any:
+    """A call outside the quiet calls (the graph's lock held): the schedule decides whether
+    it is checked, from its inputs."""
+    plan = graph.schedule
+    flat, boxed = graph.inputs(args)
+    if flat is None:
+        pending.settle(graph, wait=True)
+        graph.finish(SKIPPED, "not checked: called with inputs that do not match the "
+                             "graph")
+        return graph.compiled(*args)
+    seen = plan.shapes_seen
+    try:
+        why = plan.due(flat)
+    except Exception:  # noqa: BLE001 - an input it cannot read: this call runs unchecked
+        why = None
+    if why is None and graph.confirm:  # a deferred verdict differed: confirmed here
+        why = schedule.SAMPLED
+    graph.entry["calls"] = plan.calls
+    if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
+        graph.note(**schedule.coverage(plan))
+    wrapped(began, spent)
+    if why is None:
+        res = graph.compiled(*args)
+        if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
+            return timed(graph, args, flat, boxed, schedule.SHAPE, res)
+        return res
+    if graph.pending is not None:  # one check at a time: the last one's verdict first
+        pending.settle(graph, wait=True)
+        if graph.fast is not None:
+            return graph.fast(*args)
+    return timed(graph, args, flat, boxed, why, None)
+
+
+def elsewhere(torch: Any, counted: bool) -> bool:
+    """Where only the count answered (``counted``), a capture begun outside torch's
+    CUDAGraph (a C++ extension's own), which the runtime alone sees: asked before a call
+    reads a verdict, its inputs or checks, none of which may run inside a capture. Such a
+    capture's quiet calls are counted (the one case where ranks may number calls apart)."""
+    from rocm_autopatch.guards import capture
+
+    return counted and capture.capturing(torch)
 
 
 def wrapped(began: float, spent: float) -> None:

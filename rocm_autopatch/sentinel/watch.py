@@ -197,6 +197,11 @@ def install(module: types.ModuleType) -> None:
                        "here: nothing checked", REF)
             return
         info.update(mode=how, calls=checks, budget=share)
+        import torch
+
+        from rocm_autopatch.guards import capture
+
+        capture.count_captures(torch)  # so that quiet calls need not ask the runtime
         atexit.register(say_verdict)
         then = ("returns eager's result and runs that graph eagerly from then on"
                 if how == "fallback" else "warns; results stay the compiled ones")

@@ -879,6 +879,70 @@ def capture_fails_memory() -> Dict[str, Any]:
     return found
 
 
+def watched_capture() -> Dict[str, Any]:
+    """issue 43: under ``check``, a watched graph called before, inside and after the
+    program's own capture (``torch.cuda.graph``, warmed up on a side stream as torch's
+    docs say). With the captures counted (``guards/capture.py``) a quiet call does not ask
+    the runtime whether its stream captures; the calls inside the capture are neither
+    counted nor checked; the capture replays right; the count is back to none after."""
+    import torch
+
+    import rocm_autopatch
+    from rocm_autopatch.guards import capture
+
+    asked = [0]
+    real = torch.cuda.is_current_stream_capturing
+
+    def counting() -> bool:
+        asked[0] += 1
+        return real()
+
+    torch.cuda.is_current_stream_capturing = counting
+
+    def calls() -> int:
+        (g,) = rocm_autopatch.report().verify["graphs"]
+        return g["calls"]
+
+    f = torch.compile(lambda x: torch.cos(x) * 2 + x)
+    x = torch.randn(4096, device="cuda")
+    with torch.no_grad():
+        for _ in range(50):
+            f(x)
+        torch.cuda.synchronize()
+        asked[0], first = 0, calls()
+        for _ in range(400):
+            f(x)
+        torch.cuda.synchronize()
+        warm_asked, warm_calls = asked[0], calls() - first
+        static = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            f(static)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        before, graph = calls(), torch.cuda.CUDAGraph()
+        open_inside = []
+        with torch.cuda.graph(graph):
+            out = f(static)
+            out = f(out)
+            open_inside.append(capture.none_open())
+        in_capture = calls() - before
+        static.copy_(torch.randn_like(static))
+        graph.replay()
+        torch.cuda.synchronize()
+        once = torch.cos(static) * 2 + static
+        error = float((out - (torch.cos(once) * 2 + once)).abs().max())
+        for _ in range(10):
+            f(x)
+        torch.cuda.synchronize()
+    (g,) = rocm_autopatch.report().verify["graphs"]
+    return {"warm_calls": warm_calls, "warm_runtime_questions": warm_asked,
+            "calls_in_capture": in_capture, "none_open_inside": open_inside[0],
+            "none_open_after": capture.none_open(), "replay_error": error,
+            "status": g["status"], "calls_checked": g["calls_checked"], "calls": g["calls"]}
+
+
 SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
@@ -915,6 +979,8 @@ SCENARIOS: Dict[str, tuple] = {
         "ROCM_AUTOPATCH_VERIFY_CALLS": "3"}),
     "capture_fails_memory_unwatched": (capture_fails_memory, {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "0"}),
+    "watched_capture": (watched_capture, {"ROCM_AUTOPATCH": "force",
+                                          "ROCM_AUTOPATCH_VERIFY": "check"}),
 }
 
 

@@ -25,7 +25,9 @@ torch.manual_seed(0)  # a fixed input: random ones once fell where cos(x) + x is
 x = torch.randn(8)
 ok = bool(torch.allclose(f(x), torch.cos(x) + x))
 r = rocm_autopatch.report()
+begin = torch.cuda.graphs.CUDAGraph.capture_begin
 print(json.dumps({"ok": ok, "marked": getattr(cf._compile, "__rocm_autopatch__", False),
+                  "counted": getattr(begin, "__rocm_autopatch__", False),
                   "owner": cf._compile.__module__,
                   "fixes": r.fixes, "errors": r.errors}))
 """
@@ -36,6 +38,7 @@ def test_one_hook_is_installed_on_the_real_convert_frame_and_compiles_pass(
     out = torch_venv.json(INSTALLED, env={"ROCM_AUTOPATCH": "force"})
     assert out["ok"] is True and out["marked"] is True and out["errors"] == []
     assert out["owner"] == "rocm_autopatch.guards.compile_frame"
+    assert out["counted"] is False  # captures are counted for the sentinel only
     assert out["fixes"]["capture_policy"]["status"] == "applied"
     assert "apply_to_code=False" in out["fixes"]["capture_policy"]["reason"]  # 2.13's form
     assert "pytorch#185074" in out["fixes"]["capture_policy"]["ref"]
@@ -197,3 +200,68 @@ def test_capturing_asks_the_runtime_only_whether_the_stream_captures() -> None:
     assert capture.capturing(runtime(False, True)) is False  # never initialised by us
     assert asked == ["is_initialized", "is_current_stream_capturing", "is_initialized"]
     assert capture.capturing(types.SimpleNamespace()) is False  # no runtime at all
+
+
+class StandInGraph:
+    """STAND-IN for ``torch.cuda.graphs.CUDAGraph`` (a CPU build's cannot be made): begins
+    and ends a capture on a stand-in runtime, or fails to, as told."""
+    runtime: dict = {}
+
+    def capture_begin(self, fail: bool = False) -> None:
+        if fail:
+            raise RuntimeError("capture_begin failed")
+        self.runtime["capturing"] = True
+
+    def capture_end(self, fail: bool = False) -> None:
+        self.runtime["capturing"] = False
+        if fail:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+
+@pytest.mark.fast
+def test_captures_begun_through_cudagraph_are_counted_until_they_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``count_captures`` wraps the graph class's ``capture_begin``/``capture_end`` so that
+    ``none_open`` can answer a watched graph's quiet calls without the runtime: False from
+    a capture's begin to its end (an end that raises ends it too; a begin that raises
+    opens none), False where a capture was under way when the count started, and False
+    once the wrapper is taken out (the count would stop). STAND-INS for the runtime and the
+    graph class (a CPU has no graph capture)."""
+    from rocm_autopatch import patching
+    from rocm_autopatch.guards import capture
+
+    runtime = {"capturing": False}
+    cls = type("CUDAGraph", (StandInGraph,), {"runtime": runtime})
+    torch_ = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        graphs=types.SimpleNamespace(CUDAGraph=cls), is_initialized=lambda: True,
+        is_current_stream_capturing=lambda: runtime["capturing"]))
+    for name, value in (("_counted", None), ("_open", 0), ("_reenable", False)):
+        monkeypatch.setattr(capture, name, value)
+    assert capture.none_open() is False  # not counted yet: the runtime is asked
+    runtime["capturing"] = True  # a capture under way when the count starts
+    try:
+        assert capture.count_captures(torch_) is True
+        assert capture.none_open() is False
+        cls().capture_end()
+        assert capture.none_open() is True
+        graph = cls()
+        graph.capture_begin()
+        assert capture.none_open() is False and runtime["capturing"]
+        graph.capture_end()
+        assert capture.none_open() is True
+        with pytest.raises(RuntimeError):
+            graph.capture_begin(fail=True)
+        assert capture.none_open() is True
+        graph.capture_begin()
+        with pytest.raises(RuntimeError):
+            graph.capture_end(fail=True)
+        assert capture.none_open() is True
+        cls().capture_end()  # an end whose begin was not counted leaves 0
+        graph.capture_begin()
+        assert capture.none_open() is False
+        graph.capture_end()
+        assert capture.count_captures(torch_) is True and capture.none_open() is True
+    finally:
+        patching.unwrap(cls, "capture_begin")
+        patching.unwrap(cls, "capture_end")
+    assert capture.none_open() is False  # taken out: the runtime is asked again

@@ -633,9 +633,12 @@ def _watched_step(clock: Clock, monkeypatch: pytest.MonkeyPatch, costs: Tuple[An
     """A decode-like step (its position an input) watched under ``check`` on ``clock``: its
     reads cost what they cost on a GPU, ``costs`` (owner, name, seconds) theirs, and the
     compiled call ``call_seconds``. The graph and its float input."""
+    from rocm_autopatch.guards import capture
     from rocm_autopatch.sentinel.runs.graph import Graph
 
     monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    for name, value in (("_counted", None), ("_open", 0)):  # captures not counted: every
+        monkeypatch.setattr(capture, name, value)  # call asks the runtime, unless told
     for owner, name, seconds in GPU_READS + tuple(costs):
         monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
 
@@ -682,6 +685,40 @@ def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
         (ledger.spent + ledger.wrapper) / (clock.now - ledger.start), abs=1e-5)
 
 
+class _CaptureRig:
+    """The decode-like step watched under ``check`` on ``clock``, with STAND-INS for the
+    runtime's answer to whether the stream captures (a CPU has no graph capture): the
+    questions it was asked and the calls ``Schedule.due`` ran at."""
+
+    def __init__(self, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+        from rocm_autopatch.guards import capture
+
+        self.clock, self.capturing, self.asked, self.due = clock, False, [], []
+        monkeypatch.setattr(capture, "capturing", lambda torch_: (  # STAND-IN, see above
+            self.asked.append(1), self.capturing)[1])
+        real_due = schedule.Schedule.due
+        monkeypatch.setattr(schedule.Schedule, "due", lambda plan, flat: (
+            self.due.append(plan.calls), real_due(plan, flat))[1])
+        self.graph, self.x = _watched_step(clock, monkeypatch)
+        self.plan = self.graph.schedule
+
+    def call(self, pos: int) -> None:
+        """One call of the program's, its result the right one."""
+        from rocm_autopatch.sentinel import check
+
+        self.clock.now += 4e-3
+        out = check.call(self.graph, (self.x, torch.tensor([pos])), {})
+        assert torch.equal(out[0] if isinstance(out, tuple) else out, self.x * 2 + pos)
+
+    def to_a_quiet_window(self) -> None:
+        """On to a call after which the next two are quiet (bounded)."""
+        for _ in range(200):
+            if self.plan.quiet > self.plan.calls + 2:
+                return
+            self.call(16 + self.plan.calls)
+        raise AssertionError((self.plan.calls, self.plan.quiet))
+
+
 def test_a_call_inside_capture_is_neither_counted_nor_checked_quiet_or_not(
         clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every call asks first whether the stream captures, the quiet ones too
@@ -689,33 +726,62 @@ def test_a_call_inside_capture_is_neither_counted_nor_checked_quiet_or_not(
     no graph capture) runs compiled, neither checked nor counted: so the calls are
     numbered the same on every rank and every run, wherever a quiet window ends. (Asked
     only off the quiet calls, the capture's calls inside a window were counted.)"""
-    from rocm_autopatch.guards import capture
-    from rocm_autopatch.sentinel import check
-
-    asked, due, capturing = [], [], [False]
-    monkeypatch.setattr(capture, "capturing", lambda torch_: (  # STAND-IN, see above
-        asked.append(1), capturing[0])[1])
-    real_due = schedule.Schedule.due
-    monkeypatch.setattr(schedule.Schedule, "due", lambda self, flat: (
-        due.append(self.calls), real_due(self, flat))[1])
-    graph, x = _watched_step(clock, monkeypatch)
-    plan = graph.schedule
-
-    def call(pos: int) -> Any:
-        clock.now += 4e-3
-        return check.call(graph, (x, torch.tensor([pos])), {})
-
+    rig = _CaptureRig(clock, monkeypatch)
+    plan, due = rig.plan, rig.due
     with torch.no_grad():
         for n in range(400):
-            call(16 + n)
-        assert len(asked) == 400 and len(due) < 400 and plan.calls == 400  # some quiet
-        for _ in range(200):  # on to a call that opens a quiet window (bounded)
-            if plan.quiet > plan.calls + 2:
-                break
-            call(16 + plan.calls)
-        assert plan.calls + 1 < plan.quiet, (plan.calls, plan.quiet)  # the next is quiet
-        capturing[0], calls, due_before = True, plan.calls, len(due)
+            rig.call(16 + n)
+        assert len(rig.asked) == 400 and len(due) < 400 and plan.calls == 400  # some quiet
+        rig.to_a_quiet_window()
+        rig.capturing, calls, due_before = True, plan.calls, len(due)
         for _ in range(plan.quiet - plan.calls + 2):  # the window's calls and one past it
-            out = call(7)
-            assert torch.equal(out[0] if isinstance(out, tuple) else out, x * 2 + 7)
-    assert plan.calls == calls and len(due) == due_before and graph.entry["calls"] == calls
+            rig.call(7)
+    assert plan.calls == calls and len(due) == due_before and rig.graph.entry["calls"] == calls
+
+
+def test_captures_counted_spare_quiet_calls_the_runtime_and_inside_one_no_call_counts(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the captures begun through torch's CUDAGraph counted (``capture.count_captures``,
+    as the sentinel installs it), a quiet call does not ask the runtime whether its stream
+    captures; every other call does, before it reads anything. Inside a counted capture no
+    call is counted or checked, quiet or not. A capture the runtime alone sees (begun by a
+    C++ extension) has its quiet calls counted and no call checked. STAND-INS for the
+    runtime's answer and the graph class (a CPU has no graph capture)."""
+    import types
+
+    from rocm_autopatch import patching
+    from rocm_autopatch.guards import capture
+
+    rig = _CaptureRig(clock, monkeypatch)
+    plan, due, asked = rig.plan, rig.due, rig.asked
+    cls = type("CUDAGraph", (), {  # STAND-IN, see above
+        "capture_begin": lambda self: setattr(rig, "capturing", True),
+        "capture_end": lambda self: setattr(rig, "capturing", False)})
+    assert capture.count_captures(types.SimpleNamespace(cuda=types.SimpleNamespace(
+        graphs=types.SimpleNamespace(CUDAGraph=cls))))
+    asked.clear()  # count_captures asked once: a capture under way when it starts
+    try:
+        with torch.no_grad():
+            for n in range(400):
+                rig.call(16 + n)
+            assert plan.calls == 400 and 0 < len(due) < 400 and len(asked) == len(due)
+            rig.to_a_quiet_window()
+            calls, checked, window = plan.calls, len(due), plan.quiet - plan.calls
+            graph_ = cls()
+            graph_.capture_begin()  # counted: every call asks, and none counts
+            for _ in range(window + 2):
+                rig.call(7)
+            graph_.capture_end()
+            assert plan.calls == calls and len(due) == checked
+            rig.to_a_quiet_window()
+            calls, checked, asked_before = plan.calls, len(due), len(asked)
+            quiet_calls = plan.quiet - plan.calls - 1
+            rig.capturing = True  # a capture the count does not see
+            for _ in range(quiet_calls + 3):
+                rig.call(7)
+            rig.capturing = False
+            assert plan.calls == calls + quiet_calls and len(due) == checked
+            assert len(asked) == asked_before + 3
+    finally:
+        patching.unwrap(cls, "capture_begin")
+        patching.unwrap(cls, "capture_end")
