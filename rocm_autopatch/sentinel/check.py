@@ -16,7 +16,10 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import torch
+
 from rocm_autopatch import record
+from rocm_autopatch.guards import capture
 from rocm_autopatch.sentinel import compare, pending
 from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
@@ -30,8 +33,6 @@ class Check:
 
     def __init__(self, graph: Graph, args: Tuple[Any, ...], flat: List[Any], boxed: bool,
                  why: str, res: Any) -> None:
-        import torch
-
         self.graph = graph
         self.grad = torch.is_grad_enabled()  # at the call (a deferred verdict comes later)
         self.args, self.boxed, self.why = args, boxed, why
@@ -124,8 +125,6 @@ class Check:
 
     def too_large(self) -> bool:
         """The budget is decided before anything is copied, from what the fake run saw."""
-        import torch
-
         plan = self.graph.schedule
         if plan.magnitudes is None:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
@@ -244,10 +243,6 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     Never checked inside graph capture (nothing may synchronise there), on fake tensors
     (a compiler's propagation), inside another check, or while another thread checks it."""
     began, spent = time.perf_counter(), schedule.LEDGER.spent
-    import torch
-
-    from rocm_autopatch.guards import capture
-
     # Whether the stream captures is known before anything else, the quiet calls included:
     # a call made inside the program's capture is never counted, so every rank and every
     # run numbers the same calls the same way (known only off the quiet calls, the calls of
@@ -264,7 +259,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         return graph.compiled(*args, **kwargs)
     try:
         if graph.pending is not None:
-            if elsewhere(torch, counted):
+            if elsewhere(counted):
                 return graph.compiled(*args)
             counted = False  # asked
             pending.settle(graph, wait=False)
@@ -276,7 +271,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             graph.entry["calls"] = plan.calls
             wrapped(began, spent)
             return graph.compiled(*args)
-        if elsewhere(torch, counted):
+        if elsewhere(counted):
             return graph.compiled(*args)
         return scheduled(graph, args, began, spent)
     finally:
@@ -316,13 +311,11 @@ def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -
     return timed(graph, args, flat, boxed, why, None)
 
 
-def elsewhere(torch: Any, counted: bool) -> bool:
+def elsewhere(counted: bool) -> bool:
     """Where only the count answered (``counted``), a capture begun outside torch's
     CUDAGraph (a C++ extension's own), which the runtime alone sees: asked before a call
     reads a verdict, its inputs or checks, none of which may run inside a capture. Such a
     capture's quiet calls are counted (the one case where ranks may number calls apart)."""
-    from rocm_autopatch.guards import capture
-
     return counted and capture.capturing(torch)
 
 
