@@ -9,7 +9,8 @@ attribute (a second activation path, a reload) finds the mark and changes nothin
 can patch and restore inside one process. Each attribute has one owner module:
 ``torch.compile`` the compile guard, ``torch._dynamo.convert_frame._compile`` the
 compile-frame hook, ``torch._inductor.compile_fx.compile_fx`` the numerics sentinel,
-``CUDAGraph.capture_end`` the capture policy, ``VecISA.check_build`` the caches,
+``capture_begin``/``capture_end`` of ``CUDAGraph`` and ``torch.accelerator.Graph`` the capture
+policy (it counts captures for the sentinel), ``VecISA.check_build`` the caches,
 ``CachingAutotuner.coordinate_descent_tuning`` the coordinate-descent reuse,
 ``torch._inductor.compile_fx._compile_fx_inner`` the ranks' compile-once lock.
 

@@ -229,9 +229,10 @@ if __name__ == "__main__":
                       "loaded": sorted(m for m in sys.modules
                                        if m in ("rocm_autopatch.sentinel.watch",
                                                 "rocm_autopatch.sentinel.runs.numerics")),
-                      "captures_counted": getattr(getattr(  # the real CUDAGraph's
-                          sys.modules.get("torch.cuda.graphs"), "CUDAGraph", None),
-                          "capture_begin", None).__dict__.get("__rocm_autopatch__", False),
+                      "captures_counted": [  # the real graph classes' capture_begin
+                          getattr(c.capture_begin, "__rocm_autopatch__", False) for c in (
+                              torch.cuda.graphs.CUDAGraph, getattr(getattr(
+                                  torch, "accelerator", None), "Graph", None)) if c],
                       "compile_fx_wrapped": getattr(getattr(
                           sys.modules.get("torch._inductor.compile_fx"), "compile_fx", None),
                           "__rocm_autopatch__", False)}))

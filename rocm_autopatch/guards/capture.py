@@ -19,8 +19,9 @@ so the code is un-skipped with ``reset_code`` when the capture ends
 
 The sentinel (``ROCM_AUTOPATCH_VERIFY``) asks at each call of a graph it watches whether
 the stream captures. ``count_captures`` counts the captures begun through
-``torch.cuda.CUDAGraph`` (the wrappers of ``capture_begin``/``capture_end`` live here, one
-pair, shared with the legacy form's hook), so that its quiet calls need not ask the runtime
+``torch.cuda.CUDAGraph`` and ``torch.accelerator.Graph`` (the wrappers of their
+``capture_begin``/``capture_end`` live here, one pair a class, shared with the legacy form's
+hook), so that its quiet calls need not ask the runtime
 while none is open (``none_open``).
 
 ``ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1`` restores torch's own behaviour; there the RNG fix
@@ -33,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import types
-from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from rocm_autopatch import frames, log, patching, record, settings, torch_releases
 
@@ -112,41 +113,61 @@ def reenable_declined(torch: types.ModuleType) -> None:
             reset_code(code)
 
 
-# ---- CUDAGraph's capture_begin and capture_end: the one pair of wrappers -----------------
+# ---- the graph classes' capture_begin and capture_end: one pair of wrappers each --------
 
 _reenable = False  # capture_end re-enables the declined codes (the legacy form)
-_counted: Optional[type] = None  # the class whose captures are counted (``count_captures``)
-_open = 0  # captures begun through it and not yet ended
+_counted: Tuple[type, ...] = ()  # the classes whose captures are counted (``count_captures``)
+# The graphs (by id) whose counted capture is open; None: one under way when the count began.
+_open: Dict[Optional[int], int] = {}
 
 
-def _graph_class(torch: types.ModuleType) -> Optional[type]:
-    return getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None)
+def _graph_classes(torch: types.ModuleType) -> List[type]:
+    """The classes whose ``capture_begin`` begins a capture from Python: torch.cuda's
+    ``CUDAGraph`` (``torch.cuda.graph``, ``make_graphed_callables`` and Inductor's CUDA
+    graph trees use it: ``torch/cuda/graphs.py``, ``torch/_inductor/cudagraph_trees.py``)
+    and, where the release has it, ``torch.accelerator.Graph`` (2.13: it calls the C++
+    capture itself, not torch.cuda's class: ``torch/accelerator/graphs.py``)."""
+    found = (getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None),
+             getattr(getattr(getattr(torch, "accelerator", None), "graphs", None), "Graph",
+                     None))
+    return [cls for cls in found if isinstance(cls, type)]
+
+
+def _release(key: Optional[int]) -> None:
+    if key not in _open:
+        key = None  # an end whose begin was not counted ends the capture under way before
+    if key in _open:
+        _open[key] -= 1
+        if not _open[key]:
+            del _open[key]
 
 
 def _wrap(cls: type, torch: types.ModuleType) -> bool:
     """``cls.capture_begin`` and ``cls.capture_end`` wrapped once; each wrapper reads the
-    flags above when called, so the policy's hook and the sentinel's counter share them."""
+    flags above when called, so the policy's hook and the sentinel's count share them. A
+    capture is counted from before its begin (no call of it goes uncounted) until its own
+    graph's end returns; an end that raises (a capture invalidated, the wrong stream)
+    leaves it counted, so the runtime is asked from then on: slower, never wrong."""
     def make_begin(original: Callable[..., Any]) -> Callable[..., Any]:
         def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-            global _open
             with _lock:
-                _open += 1  # before the runtime begins: no call of the capture goes uncounted
+                _open[id(self)] = _open.get(id(self), 0) + 1
             try:
                 return original(self, *args, **kwargs)
             except BaseException:
                 with _lock:
-                    _open = max(_open - 1, 0)
+                    _release(id(self))
                 raise
         return capture_begin
 
     def make_end(original: Callable[..., Any]) -> Callable[..., Any]:
         def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
-            global _open
             try:
-                return original(self, *args, **kwargs)
-            finally:
+                value = original(self, *args, **kwargs)
                 with _lock:
-                    _open = max(_open - 1, 0)  # begun before the count started: 0 stays 0
+                    _release(id(self))
+                return value
+            finally:
                 try:
                     if _reenable:
                         reenable_declined(torch)
@@ -160,40 +181,41 @@ def _wrap(cls: type, torch: types.ModuleType) -> bool:
 
 def install_capture_end_hook(torch: types.ModuleType) -> bool:
     """The legacy form: the codes declined during a capture compile again once it ends
-    (``CUDAGraph.capture_end``); idempotent."""
+    (``CUDAGraph.capture_end``; releases before ``torch.accelerator.Graph``); idempotent."""
     global _reenable
-    cls = _graph_class(torch)
-    if cls is None or not _wrap(cls, torch):
+    classes = _graph_classes(torch)
+    if not classes or not _wrap(classes[0], torch):
         return False
     _reenable = True
     return True
 
 
 def count_captures(torch: types.ModuleType) -> bool:
-    """Count the captures begun through ``torch.cuda.graphs.CUDAGraph``: ``torch.cuda.graph``,
-    ``make_graphed_callables``, Inductor's CUDA graph trees and the frameworks built on them
-    (``torch/cuda/graphs.py``). Then a watched graph's quiet call (``sentinel.check``)
-    need not ask the runtime whether its stream captures, 7-9 us a call in an H200's
-    decode loop (BENCHMARKS.md), while none is open (``none_open``). A capture already
-    under way on this thread's stream when the count starts counts as one. Idempotent."""
-    global _counted, _open
-    cls = _graph_class(torch)
-    if cls is None or not _wrap(cls, torch):
+    """Count the captures begun through the graph classes (``_graph_classes``), so that a
+    watched graph's quiet call (``sentinel.check``) need not ask the runtime whether its
+    stream captures, 7-8 us a call in an H200's decode loop (BENCHMARKS.md), while none
+    is open (``none_open``). A capture already under way on this thread's stream when the
+    count starts counts as one, ended by the first end of a graph not counted. Idempotent."""
+    global _counted
+    classes = _graph_classes(torch)
+    fresh = not any(patching.ours(cls.__dict__.get("capture_begin")) for cls in classes)
+    if not classes or not all([_wrap(cls, torch) for cls in classes]):
         return False
     with _lock:
-        if _counted is None and capturing(torch):
-            _open += 1
-        _counted = cls
+        if fresh and capturing(torch):  # begun before any begin was counted
+            _open[None] = _open.get(None, 0) + 1
+        _counted = tuple(classes)
     return True
 
 
 def none_open() -> bool:
-    """True where captures are counted, no capture begun through ``CUDAGraph`` is open, and
-    our wrapper is still in place (taken out, the count would stop: then this is False
+    """True where captures are counted, none begun through the graph classes is open, and
+    our wrappers are still in place (taken out, the count would stop: then this is False
     and the runtime is asked). A capture begun elsewhere (a C++ extension's own) is not
     counted: a call that may do more than count still asks the runtime (``capturing``)."""
-    cls = _counted
-    return cls is not None and not _open and patching.ours(cls.__dict__.get("capture_begin"))
+    classes = _counted
+    return bool(classes) and not _open and all(
+        patching.ours(cls.__dict__.get("capture_begin")) for cls in classes)
 
 
 # ---- torch's behaviour (ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1) ----------------------------

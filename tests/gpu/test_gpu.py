@@ -238,11 +238,11 @@ def test_a_capture_that_fails_gives_back_what_its_references_allocated(results: 
 def test_a_watched_graph_in_the_programs_capture_is_not_counted_and_quiet_calls_ask_nothing(
         results: dict) -> None:
     """issue 43: with the captures begun through ``torch.cuda.CUDAGraph`` counted, a
-    watched graph's quiet calls do not ask the runtime whether the stream
-    captures; its two calls inside the program's capture are neither counted nor checked,
-    and the capture replays the compiled kernels right."""
+    watched graph's quiet calls (all but a few of 400 on an H200) do not ask the runtime
+    whether the stream captures; its two calls inside the program's capture are neither
+    counted nor checked, and the capture replays the compiled kernels right."""
     got = results["watched_capture"]
-    assert got["warm_calls"] == 400 and got["warm_runtime_questions"] < 400, got  # each, before
+    assert got["warm_calls"] == 400 and got["warm_runtime_questions"] <= 40, got  # 7 seen
     assert got["calls_in_capture"] == 0 and got["none_open_inside"] is False, got
     assert got["none_open_after"] is True and got["replay_error"] < 1e-4, got
     assert got["status"] == "passed" and got["calls"] == 50 + 400 + 1 + 10, got

@@ -38,7 +38,7 @@ def test_one_hook_is_installed_on_the_real_convert_frame_and_compiles_pass(
     out = torch_venv.json(INSTALLED, env={"ROCM_AUTOPATCH": "force"})
     assert out["ok"] is True and out["marked"] is True and out["errors"] == []
     assert out["owner"] == "rocm_autopatch.guards.compile_frame"
-    assert out["counted"] is False  # captures are counted for the sentinel only
+    assert out["counted"] is False  # 2.13 needs no end hook: counted for the sentinel only
     assert out["fixes"]["capture_policy"]["status"] == "applied"
     assert "apply_to_code=False" in out["fixes"]["capture_policy"]["reason"]  # 2.13's form
     assert "pytorch#185074" in out["fixes"]["capture_policy"]["ref"]
@@ -219,49 +219,68 @@ class StandInGraph:
 
 
 @pytest.mark.fast
-def test_captures_begun_through_cudagraph_are_counted_until_they_end(
+def test_captures_begun_through_either_graph_class_are_counted_until_they_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``count_captures`` wraps the graph class's ``capture_begin``/``capture_end`` so that
-    ``none_open`` can answer a watched graph's quiet calls without the runtime: False from
-    a capture's begin to its end (an end that raises ends it too; a begin that raises
-    opens none), False where a capture was under way when the count started, and False
-    once the wrapper is taken out (the count would stop). STAND-INS for the runtime and the
-    graph class (a CPU has no graph capture)."""
+    """``count_captures`` wraps ``capture_begin``/``capture_end`` of torch.cuda's
+    ``CUDAGraph`` and torch.accelerator's ``Graph`` so that ``none_open`` can answer a
+    watched graph's quiet calls without the runtime: False from a capture's begin until
+    its own graph's end returns (an end that raises leaves it counted; a stray end of
+    another graph changes nothing; a begin that raises opens none), False where a capture
+    was under way when the count started (until an end of a graph not counted), and False
+    once a wrapper is taken out. STAND-INS for the runtime and the graph classes (a CPU
+    has no graph capture)."""
     from rocm_autopatch import patching
     from rocm_autopatch.guards import capture
 
     runtime = {"capturing": False}
-    cls = type("CUDAGraph", (StandInGraph,), {"runtime": runtime})
-    torch_ = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        graphs=types.SimpleNamespace(CUDAGraph=cls), is_initialized=lambda: True,
-        is_current_stream_capturing=lambda: runtime["capturing"]))
-    for name, value in (("_counted", None), ("_open", 0), ("_reenable", False)):
+    cuda_graph = type("CUDAGraph", (StandInGraph,), {"runtime": runtime})
+    any_graph = type("Graph", (StandInGraph,), {"runtime": runtime})
+    torch_ = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(graphs=types.SimpleNamespace(CUDAGraph=cuda_graph),
+                                   is_initialized=lambda: True,
+                                   is_current_stream_capturing=lambda: runtime["capturing"]),
+        accelerator=types.SimpleNamespace(graphs=types.SimpleNamespace(Graph=any_graph)))
+    for name, value in (("_counted", ()), ("_open", {}), ("_reenable", False)):
         monkeypatch.setattr(capture, name, value)
     assert capture.none_open() is False  # not counted yet: the runtime is asked
     runtime["capturing"] = True  # a capture under way when the count starts
     try:
         assert capture.count_captures(torch_) is True
         assert capture.none_open() is False
-        cls().capture_end()
+        cuda_graph().capture_end()  # an end of a graph not counted: that capture's
         assert capture.none_open() is True
-        graph = cls()
-        graph.capture_begin()
-        assert capture.none_open() is False and runtime["capturing"]
-        graph.capture_end()
-        assert capture.none_open() is True
-        with pytest.raises(RuntimeError):
-            graph.capture_begin(fail=True)
-        assert capture.none_open() is True
-        graph.capture_begin()
-        with pytest.raises(RuntimeError):
-            graph.capture_end(fail=True)
-        assert capture.none_open() is True
-        cls().capture_end()  # an end whose begin was not counted leaves 0
-        graph.capture_begin()
-        assert capture.none_open() is False
-        graph.capture_end()
+        for cls in (cuda_graph, any_graph):
+            graph, other = cls(), cls()
+            graph.capture_begin()
+            assert capture.none_open() is False and runtime["capturing"]
+            with pytest.raises(RuntimeError):
+                other.capture_end(fail=True)  # a stray end: still open
+            with pytest.raises(RuntimeError):
+                graph.capture_end(fail=True)  # its own end raised: still counted
+            assert capture.none_open() is False
+            graph.capture_end()
+            assert capture.none_open() is True
+            with pytest.raises(RuntimeError):
+                graph.capture_begin(fail=True)
+            assert capture.none_open() is True
         assert capture.count_captures(torch_) is True and capture.none_open() is True
     finally:
-        patching.unwrap(cls, "capture_begin")
-        patching.unwrap(cls, "capture_end")
-    assert capture.none_open() is False  # taken out: the runtime is asked again
+        patching.unwrap(cuda_graph, "capture_begin")
+        patching.unwrap(cuda_graph, "capture_end")
+    assert capture.none_open() is False  # one taken out: the runtime is asked again
+    patching.unwrap(any_graph, "capture_begin")
+    patching.unwrap(any_graph, "capture_end")
+
+
+@pytest.mark.fast
+def test_the_graph_classes_counted_are_those_of_the_running_torch() -> None:
+    """Looked up, not pinned: torch.cuda's ``CUDAGraph`` in every release, and
+    ``torch.accelerator.Graph`` where the release has it (2.13 does)."""
+    import torch
+
+    from rocm_autopatch.guards import capture
+
+    found = capture._graph_classes(torch)
+    assert found[0] is torch.cuda.graphs.CUDAGraph
+    accelerator = getattr(getattr(torch, "accelerator", None), "Graph", None)
+    assert found[1:] == ([accelerator] if accelerator is not None else [])

@@ -637,7 +637,7 @@ def _watched_step(clock: Clock, monkeypatch: pytest.MonkeyPatch, costs: Tuple[An
     from rocm_autopatch.sentinel.runs.graph import Graph
 
     monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
-    for name, value in (("_counted", None), ("_open", 0)):  # captures not counted: every
+    for name, value in (("_counted", ()), ("_open", {})):  # captures not counted: every
         monkeypatch.setattr(capture, name, value)  # call asks the runtime, unless told
     for owner, name, seconds in GPU_READS + tuple(costs):
         monkeypatch.setattr(owner, name, _on_clock(clock, getattr(owner, name), seconds))
@@ -767,12 +767,14 @@ def test_captures_counted_spare_quiet_calls_the_runtime_and_inside_one_no_call_c
             assert plan.calls == 400 and 0 < len(due) < 400 and len(asked) == len(due)
             rig.to_a_quiet_window()
             calls, checked, window = plan.calls, len(due), plan.quiet - plan.calls
+            asked_before = len(asked)
             graph_ = cls()
             graph_.capture_begin()  # counted: every call asks, and none counts
             for _ in range(window + 2):
                 rig.call(7)
             graph_.capture_end()
             assert plan.calls == calls and len(due) == checked
+            assert len(asked) == asked_before + window + 2
             rig.to_a_quiet_window()
             calls, checked, asked_before = plan.calls, len(due), len(asked)
             quiet_calls = plan.quiet - plan.calls - 1

@@ -64,8 +64,8 @@ def test_a_miscompile_is_caught_named_as_torch_names_it_and_flagged(torch_venv: 
     assert m["compiled_rmse"] > 100 * m["eager_rmse"] and "RMSE" in m["detail"]
     assert data["verify"]["totals"] == {"pending": 0, "passed": 0, "failed": 1,
                                         "fell back": 0, "skipped": 0}
-    # the sentinel counts the captures begun through the real torch.cuda.CUDAGraph
-    assert data["captures_counted"] is True
+    # the sentinel counts the captures begun through the real graph classes (2.13 has two)
+    assert data["captures_counted"] and all(data["captures_counted"])
     # Named as torch names it in its own log of this run: the compile id of the traced
     # graph, and the innermost user frame of its "start compiling" stack.
     logged = set(re.findall(r"\] \[(\d+/\d+)\] \[__graph_code\] TRACED GRAPH", proc.stderr))
