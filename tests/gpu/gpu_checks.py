@@ -936,9 +936,18 @@ def watched_capture() -> Dict[str, Any]:
         for _ in range(10):
             f(x)
         torch.cuda.synchronize()
+        accelerated = getattr(getattr(torch, "accelerator", None), "Graph", None)
+        in_accelerator_capture = None  # the release has no torch.accelerator.Graph
+        if accelerated is not None:
+            before, other = calls(), accelerated()
+            with other:
+                f(static)
+            in_accelerator_capture = calls() - before
+            torch.cuda.synchronize()
     (g,) = rocm_autopatch.report().verify["graphs"]
     return {"warm_calls": warm_calls, "warm_runtime_questions": warm_asked,
             "calls_in_capture": in_capture, "none_open_inside": open_inside[0],
+            "calls_in_accelerator_capture": in_accelerator_capture,
             "none_open_after": capture.none_open(), "replay_error": error,
             "status": g["status"], "calls_checked": g["calls_checked"], "calls": g["calls"]}
 
