@@ -49,6 +49,72 @@ def graphs(data: dict) -> Dict[str, dict]:
     return {g["graph"]: g for g in data["verify"]["graphs"]}
 
 
+# Healthy scenarios of one mode in one process (one interpreter importing torch, not one
+# per scenario): each case from a fresh Dynamo (its compile ids going on from the last
+# case's, unique in the process as the sentinel names graphs by them), its graphs those
+# the report gained in the case, its stderr its own, an exception its own.
+BATCH = """
+import json, os, sys, tempfile, traceback
+import torch
+from torch._dynamo import convert_frame
+import job  # scripts/verify_repro.py
+import rocm_autopatch
+
+for name in sys.argv[1:]:
+    next_id = convert_frame.FRAME_COUNTER
+    torch._dynamo.reset()
+    convert_frame.FRAME_COUNTER = next_id
+    done = len(rocm_autopatch.report().verify.get("graphs", []))
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    with tempfile.TemporaryFile("w+") as said:
+        os.dup2(said.fileno(), 2)
+        try:
+            case = {"out": job.scenario(name)}
+        except Exception:
+            case = {"error": traceback.format_exc()}
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr, 2)
+        said.seek(0)
+        graphs = rocm_autopatch.report().verify.get("graphs", [])[done:]
+        case.update(verify={"graphs": graphs}, stderr=said.read())
+    print("@@ " + json.dumps({"case": name, **case}), flush=True)
+"""
+BATCHED = {"check": ["dropout", "batchnorm", "kvcache", "held_batchnorm"],
+           "fallback": ["batchnorm", "kvcache", "held_batchnorm", "no_fp64"]}
+
+
+@pytest.fixture(scope="module")
+def batched(torch_venv: Venv, tmp_path_factory: pytest.TempPathFactory
+            ) -> Dict[str, Tuple[Dict[str, dict], subprocess.CompletedProcess]]:
+    """{mode: ({scenario: what it printed, with its stderr}, the process)}: the healthy
+    scenarios of ``BATCHED``, one process per ``ROCM_AUTOPATCH_VERIFY`` mode."""
+    found = {}
+    for how, names in BATCHED.items():
+        folder = tmp_path_factory.mktemp(f"verify-{how}")
+        (folder / "job.py").write_text(SCRIPT)
+        (folder / "batch.py").write_text(BATCH)
+        proc = subprocess.run([torch_venv.python, "batch.py", *names], capture_output=True,
+                              text=True, cwd=str(folder), timeout=900, env=clean_env(
+                                  ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_VERIFY=how))
+        cases = [json.loads(line[3:]) for line in proc.stdout.splitlines()
+                 if line.startswith("@@ ")]
+        found[how] = ({case.pop("case"): case for case in cases}, proc)
+    return found
+
+
+def scenario(batched: dict, how: str, name: str) -> Tuple[dict, str]:
+    """One batched scenario's result and its stderr (the process's own outside every case
+    after it); fails with its error, or the process's, where it has no result."""
+    cases, proc = batched[how]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert name in cases, proc.stderr[-4000:]
+    case = cases[name]
+    assert "error" not in case, case["error"][-4000:]
+    return case, case["stderr"] + proc.stderr
+
+
 def test_a_miscompile_is_caught_named_as_torch_names_it_and_flagged(torch_venv: Venv,
                                                                      tmp_path: Path) -> None:
     report = tmp_path / "r.json"
@@ -115,8 +181,8 @@ def test_healthy_graphs_pass_with_no_false_alarm_in_fp32_and_bf16(torch_venv: Ve
 
 
 def test_random_graph_is_skipped_and_the_programs_results_are_unchanged(
-        torch_venv: Venv, tmp_path: Path) -> None:
-    data, _ = run(torch_venv, tmp_path, "dropout", ROCM_AUTOPATCH_VERIFY="check")
+        torch_venv: Venv, tmp_path: Path, batched: dict) -> None:
+    data, _ = scenario(batched, "check", "dropout")
     plain, _ = run(torch_venv, tmp_path, "dropout", ROCM_AUTOPATCH="0")
     assert data["out"] == plain["out"]  # same dropout mask, same random stream after
     (g,) = data["verify"]["graphs"]
@@ -125,9 +191,8 @@ def test_random_graph_is_skipped_and_the_programs_results_are_unchanged(
 
 
 @pytest.mark.parametrize("how", ["check", "fallback"])
-def test_written_buffers_advance_exactly_once(torch_venv: Venv, tmp_path: Path,
-                                              how: str) -> None:
-    bn, _ = run(torch_venv, tmp_path, "batchnorm", ROCM_AUTOPATCH_VERIFY=how)
+def test_written_buffers_advance_exactly_once(batched: dict, how: str) -> None:
+    bn, _ = scenario(batched, how, "batchnorm")
     out = bn["out"]
     assert out["num_batches_tracked"] == [3, 3]  # 3 steps, not 6
     assert out["running_mean"] < 1e-6 and out["running_var"] < 1e-6
@@ -135,7 +200,7 @@ def test_written_buffers_advance_exactly_once(torch_venv: Venv, tmp_path: Path,
     (g,) = bn["verify"]["graphs"]
     assert g["status"] == "passed"
     assert re.fullmatch(r"passed \(\d+ gradients\)", g["backward"]), g["backward"]
-    kv, _ = run(torch_venv, tmp_path, "kvcache", ROCM_AUTOPATCH_VERIFY=how)
+    kv, _ = scenario(batched, how, "kvcache")
     assert kv["out"]["cache"] == 0.0 and kv["out"]["rows_written"] == 6
     assert max(kv["out"]["outs"]) < 1e-5
     assert [g["status"] for g in kv["verify"]["graphs"]] == ["passed"]
@@ -143,12 +208,13 @@ def test_written_buffers_advance_exactly_once(torch_venv: Venv, tmp_path: Path,
 
 @pytest.mark.parametrize("how", ["check", "fallback"])
 def test_buffers_the_graph_holds_itself_advance_exactly_once(torch_venv: Venv,
-                                                             tmp_path: Path, how: str) -> None:
+                                                             tmp_path: Path, batched: dict,
+                                                             how: str) -> None:
     # Dynamo's graphs on torch 2.4 hold the module's parameters and buffers as attributes,
     # not inputs (the check advanced batch norm's statistics twice there: 6 batches tracked
     # for 3, found by scripts/compat.sh). The same graph reaches compile_fx here through
     # torch._inductor.compile on a symbolically traced model.
-    data, _ = run(torch_venv, tmp_path, "held_batchnorm", ROCM_AUTOPATCH_VERIFY=how)
+    data, _ = scenario(batched, how, "held_batchnorm")
     out = data["out"]
     assert out["num_batches_tracked"] == [3, 3]
     assert out["running_mean"] < 1e-6 and out["running_var"] < 1e-6
@@ -183,14 +249,14 @@ def test_training_with_a_miscompile_falls_back_to_eagers_losses(torch_venv: Venv
 
 
 def test_a_graph_without_a_float64_reference_is_skipped_and_the_program_goes_on(
-        torch_venv: Venv, tmp_path: Path) -> None:
+        batched: dict) -> None:
     """A custom op without a float64 kernel: not run again at all since the sentinel stopped
     re-running custom ops (they may have side effects); the program goes on either way."""
-    data, proc = run(torch_venv, tmp_path, "no_fp64", ROCM_AUTOPATCH_VERIFY="fallback")
+    data, stderr = scenario(batched, "fallback", "no_fp64")
     assert data["out"]["diff"] < 1e-5  # the compiled result, returned as is
     (g,) = data["verify"]["graphs"]
     assert g["status"] == "skipped" and "verify_repro::scale" in g["reason"]
-    assert "side effects" in g["reason"] and "Traceback" not in proc.stderr
+    assert "side effects" in g["reason"] and "Traceback" not in stderr
 
 
 # Unset and "0" through the wheel; every word of off is read in test_settings (issue 42).
