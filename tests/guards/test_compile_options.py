@@ -6,7 +6,9 @@ real torch.compile builds from ``mode``/``options`` (spied on, not replaced).
 
 from __future__ import annotations
 
-from typing import Dict
+import json
+import textwrap
+from typing import Callable, Dict
 
 import pytest
 from conftest import Venv
@@ -62,28 +64,65 @@ REPEATED = """
 for _ in range(3):
     f = torch.compile(eager, mode='reduce-overhead')
 out = check(f)"""
-REPORT = """
-import rocm_autopatch
-r = rocm_autopatch.report()
-print(json.dumps({"out": out, "received": RECEIVED,
-                  "rewrites": [[w.before, w.after, w.call_site, w.count, w.reason]
-                               for w in r.compile_rewrites]}))
-"""
+COMBO = 'out = check(torch.compile(eager, options={"combo_kernels": True, ' \
+    '"epilogue_fusion": True}))'
+AUTOTUNE = """
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+ref = m(x)
+a = torch.compile(m, mode="max-autotune")
+b = torch.compile(m, mode="max-autotune-no-cudagraphs")
+c = torch.compile(m, options={"max_autotune": True, "coordinate_descent_tuning": True,
+                              "epilogue_fusion": True})
+out = all(bool(torch.allclose(f(x), ref, atol=1e-5)) for f in (a, b, c))"""
+PICKLED = """
+import inspect, pickle
+out = {"same": pickle.loads(pickle.dumps(torch.compile)) is torch.compile,
+       "sig": str(inspect.signature(torch.compile)), "doc": torch.compile.__doc__[:60],
+       "name": torch.compile.__name__}"""
+NESTED = """
+def inner(x):
+    return torch.cos(x) + 1
+def outer(x):
+    y = torch.sin(x)
+    return torch.compile(inner)(y) * 2
+e = torch._dynamo.explain(outer)(torch.randn(8))
+out = {"breaks": e.graph_break_count, "graphs": e.graph_count,
+       "reasons": sorted({str(b.reason)[:80] for b in e.break_reasons})}"""
+GENERATE = """
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation import CompileConfig
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+model = LlamaForCausalLM(cfg).eval()
+ids = torch.randint(0, 128, (1, 6))
+kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
+plain = model.generate(ids, disable_compile=True, **kw)
+cc = CompileConfig(); cc._compile_all_devices = True
+compiled = model.generate(ids, compile_config=cc, **kw)
+out = {"same": plain.tolist() == compiled.tolist(),
+       "compiled": hasattr(model, "_compiled_call")}"""
+BODIES = {**FORMS, "repeated": REPEATED, "combo": COMBO, "autotune": AUTOTUNE,
+          "pickled": PICKLED, "nested": NESTED, "generate": GENERATE}
 
 
-# Every form in one process (one interpreter importing torch, not nine): each form in a
-# block of its own lines of one script (its own call site), from a fresh Dynamo, its
-# stderr after a marker line, its rewrites those the report gained in the block.
+# The forms of one environment in one process (one interpreter importing torch, not one per
+# form): each form in a block of its own lines of one script (its own call site), from a
+# fresh Dynamo, its stderr after a marker line, its rewrites those the report gained in the
+# block, an exception its own.
 BLOCK = """
-RECEIVED.clear(); torch._dynamo.reset()
+RECEIVED.clear(); torch._dynamo.reset(); out = None
 print("@@ FORM", file=sys.stderr, flush=True)
+try:
 CODE
-ALL["FORM"] = {"out": out, "received": list(RECEIVED), "rewrites": rewrites()[done:]}
+    ALL["FORM"] = {"out": out, "received": list(RECEIVED), "rewrites": rewrites()[done:]}
+except Exception:
+    ALL["FORM"] = {"error": traceback.format_exc()}
 done = len(rewrites())
 sys.stderr.flush()
 """
 BATCH_REPORT = """
-import sys, rocm_autopatch
+import sys, traceback, rocm_autopatch
 ALL, done = {}, 0
 def rewrites():
     r = rocm_autopatch.report()
@@ -93,12 +132,10 @@ def rewrites():
 
 def _batch(venv: Venv, forms: Dict[str, str], **env: str) -> Dict[str, tuple]:
     """{form: (what it got, its stderr)}, every form run in one process."""
-    import json
-
     code = SPY + (BATCH_REPORT if env.get("ROCM_AUTOPATCH") != "0" else
-                  "import sys\nALL, done = {}, 0\ndef rewrites():\n    return []\n")
+                  "import sys, traceback\nALL, done = {}, 0\ndef rewrites():\n    return []\n")
     for form, body in forms.items():
-        code += BLOCK.replace("FORM", form).replace("CODE", body)
+        code += BLOCK.replace("FORM", form).replace("CODE", textwrap.indent(body, "    "))
     proc = venv.run(code + "print(json.dumps(ALL))", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.splitlines()[-1])
@@ -107,15 +144,36 @@ def _batch(venv: Venv, forms: Dict[str, str], **env: str) -> Dict[str, tuple]:
     return {form: (got[form], said[form]) for form in forms}
 
 
+FORCE = {"ROCM_AUTOPATCH": "force"}
+# The forms each environment's one process runs (a form in an environment not here runs
+# alone, in a process of its own).
+PLAN = [(FORCE, list(BODIES)),
+        ({"ROCM_AUTOPATCH": "0"}, [*UNCHANGED, "pickled", "nested"]),
+        ({**FORCE, "ROCM_AUTOPATCH_PROFILE": "perf"}, ["combo", "autotune"])]
+
+
 @pytest.fixture(scope="module")
-def forced_forms(torch_venv: Venv) -> Dict[str, tuple]:
-    return _batch(torch_venv, {**FORMS, "repeated": REPEATED}, ROCM_AUTOPATCH="force")
+def forms(torch_venv: Venv) -> Callable[..., tuple]:
+    """``forms(form, **env)``: (what ``form`` got, its stderr), from the one process of
+    ``env`` that runs every form ``PLAN`` gives ``env``; fails with the form's exception."""
+    done: Dict[tuple, Dict[str, tuple]] = {}
+
+    def get(form: str, **env: str) -> tuple:
+        names = next((n for e, n in PLAN if e == env and form in n), [form])
+        key = (tuple(sorted(env.items())), tuple(names))
+        if key not in done:
+            done[key] = _batch(torch_venv, {n: BODIES[n] for n in names}, **env)
+        out, said = done[key][form]
+        assert "error" not in out, out["error"][-3000:]
+        return out, said
+
+    return get
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_every_call_form_reaches_torch_rewritten(forced_forms: Dict[str, tuple],
+def test_every_call_form_reaches_torch_rewritten(forms: Callable[..., tuple],
                                                  form: str) -> None:
-    out, stderr = forced_forms[form]
+    out, stderr = forms(form, **FORCE)
     assert out["out"] is True  # compiled result equals eager
     assert out["received"] == EXPECTED[form]
     rewrote = form not in ("decorator_bare", "lite_or_default")
@@ -128,27 +186,21 @@ def test_every_call_form_reaches_torch_rewritten(forced_forms: Dict[str, tuple],
         assert out["rewrites"] == [] and warnings == []
 
 
-@pytest.fixture(scope="module")
-def plain_forms(torch_venv: Venv) -> Dict[str, tuple]:
-    return _batch(torch_venv, {f: FORMS[f] for f in UNCHANGED}, ROCM_AUTOPATCH="0")
-
-
 @pytest.mark.parametrize("form", sorted(UNCHANGED))
-def test_without_the_package_torch_gets_what_was_written(plain_forms: Dict[str, tuple],
+def test_without_the_package_torch_gets_what_was_written(forms: Callable[..., tuple],
                                                          form: str) -> None:
-    out, _ = plain_forms[form]
+    out, _ = forms(form, ROCM_AUTOPATCH="0")
     assert out["received"] == UNCHANGED[form]
 
 
-def test_escape_hatch_keeps_cuda_graph_modes(torch_venv: Venv) -> None:
-    out, _ = _batch(torch_venv, {"call": FORMS["call"]}, ROCM_AUTOPATCH="force",
-                    ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1")["call"]
+def test_escape_hatch_keeps_cuda_graph_modes(forms: Callable[..., tuple]) -> None:
+    out, _ = forms("call", **FORCE, ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1")
     assert out["received"] == [{"mode": "reduce-overhead", "options": None}]
     assert out["rewrites"] == []
 
 
-def test_repeated_calls_are_counted_and_logged_once(forced_forms: Dict[str, tuple]) -> None:
-    out, stderr = forced_forms["repeated"]
+def test_repeated_calls_are_counted_and_logged_once(forms: Callable[..., tuple]) -> None:
+    out, stderr = forms("repeated", **FORCE)
     assert [w[3] for w in out["rewrites"]] == [3]
     assert stderr.count("runs as torch.compile(") == 1
 
@@ -199,23 +251,15 @@ def test_rewrite_table(asked: dict, allowed, gets: dict, removed: tuple) -> None
     assert compile_options.rewrite(asked, allowed) == ((gets, removed) if gets else None)
 
 
-COMBO = SPY + """
-out = check(torch.compile(eager, options={"combo_kernels": True, "epilogue_fusion": True}))
-""" + REPORT
-
-
 @pytest.mark.parametrize("env, kept", [
     ({}, False), ({"INDUCTOR_COMBO_KERNELS": "1"}, True),
     ({"ROCM_AUTOPATCH_PROFILE": "perf"}, True)])
-def test_combo_kernels_asked_for_in_code(torch_venv: Venv, env: dict, kept: bool) -> None:
+def test_combo_kernels_asked_for_in_code(forms: Callable[..., tuple], env: dict,
+                                         kept: bool) -> None:
     """On a torch before 2.14 (the suite's 2.13) safe drops per-call combo kernels, saying
     why with the reports; INDUCTOR_COMBO_KERNELS=1 and perf keep them (spied on what
     reaches Inductor)."""
-    import json
-
-    proc = torch_venv.run(COMBO, env={"ROCM_AUTOPATCH": "force", **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out, stderr = forms("combo", **FORCE, **env)
     asked = {"combo_kernels": True, "epilogue_fusion": True}
     assert out["out"] is True
     if kept:
@@ -224,19 +268,8 @@ def test_combo_kernels_asked_for_in_code(torch_venv: Venv, env: dict, kept: bool
     assert out["received"] == [{"mode": None, "options": {"epilogue_fusion": True}}]
     (rewrite,) = out["rewrites"]
     assert "pytorch#168937" in rewrite[4] and "pytorch#187269" in rewrite[4]
-    (warning,) = [ln for ln in proc.stderr.splitlines() if "runs as torch.compile(" in ln]
+    (warning,) = [ln for ln in stderr.splitlines() if "runs as torch.compile(" in ln]
     assert "INDUCTOR_COMBO_KERNELS=1" in warning
-
-
-AUTOTUNE = SPY + """
-m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
-ref = m(x)
-a = torch.compile(m, mode="max-autotune")
-b = torch.compile(m, mode="max-autotune-no-cudagraphs")
-c = torch.compile(m, options={"max_autotune": True, "coordinate_descent_tuning": True,
-                              "epilogue_fusion": True})
-out = all(bool(torch.allclose(f(x), ref, atol=1e-5)) for f in (a, b, c))
-""" + REPORT
 
 
 @pytest.mark.parametrize("env, received", [
@@ -258,16 +291,13 @@ out = all(bool(torch.allclose(f(x), ref, atol=1e-5)) for f in (a, b, c))
       {"mode": None, "options": {"max_autotune": True, "coordinate_descent_tuning": True,
                                  "epilogue_fusion": True}}]),
 ])
-def test_autotuning_asked_for_in_code(torch_venv: Venv, env: dict, received: list) -> None:
+def test_autotuning_asked_for_in_code(forms: Callable[..., tuple], env: dict,
+                                      received: list) -> None:
     """Spied on what reaches Inductor: safe removes tuning from every source; perf and
     INDUCTOR_MAX_AUTOTUNE=1 keep it (without graphs unless those are allowed too)."""
-    import json
-
-    proc = torch_venv.run(AUTOTUNE, env={"ROCM_AUTOPATCH": "force", **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
+    out, stderr = forms("autotune", **FORCE, **env)
     assert out["out"] is True and out["received"] == received
-    warnings = [ln for ln in proc.stderr.splitlines() if "runs as torch.compile(" in ln]
+    warnings = [ln for ln in stderr.splitlines() if "runs as torch.compile(" in ln]
     assert len(warnings) == len(out["rewrites"])  # one per call site
     if not env:
         assert len(warnings) == 3
@@ -293,59 +323,24 @@ def test_environment_autotuning_stays_neutralised_under_perf(torch_venv: Venv) -
         assert out == [False, False], profile
 
 
-def test_guard_is_pickled_and_inspected_like_the_original(torch_venv: Venv) -> None:
-    code = """
-import inspect, json, pickle, torch
-same = pickle.loads(pickle.dumps(torch.compile)) is torch.compile
-sig = str(inspect.signature(torch.compile))
-print(json.dumps({"same": same, "sig": sig, "doc": torch.compile.__doc__[:60],
-                  "name": torch.compile.__name__}))
-"""
-    guarded = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
-    plain = torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
-    assert guarded == plain and guarded["same"] is True
+def test_guard_is_pickled_and_inspected_like_the_original(
+        forms: Callable[..., tuple]) -> None:
+    (guarded, _), (plain, _) = forms("pickled", **FORCE), forms("pickled", ROCM_AUTOPATCH="0")
+    assert guarded["out"] == plain["out"] and guarded["out"]["same"] is True
 
 
-def test_compile_inside_a_compiled_region_adds_no_graph_break(torch_venv: Venv) -> None:
-    code = """
-import json, torch
-def inner(x):
-    return torch.cos(x) + 1
-def outer(x):
-    y = torch.sin(x)
-    return torch.compile(inner)(y) * 2
-e = torch._dynamo.explain(outer)(torch.randn(8))
-print(json.dumps({"breaks": e.graph_break_count, "graphs": e.graph_count,
-                  "reasons": sorted({str(b.reason)[:80] for b in e.break_reasons})}))
-"""
-    assert torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"}) == \
-        torch_venv.json(code, env={"ROCM_AUTOPATCH": "0"})
+def test_compile_inside_a_compiled_region_adds_no_graph_break(
+        forms: Callable[..., tuple]) -> None:
+    assert forms("nested", **FORCE)[0]["out"] == forms("nested", ROCM_AUTOPATCH="0")[0]["out"]
 
 
-def test_hugging_face_generate_with_reduce_overhead_compile(torch_venv: Venv) -> None:
+def test_hugging_face_generate_with_reduce_overhead_compile(torch_venv: Venv,
+                                                            forms: Callable[..., tuple]
+                                                            ) -> None:
     """transformers calls torch.compile(mode='reduce-overhead') inside generate()."""
     torch_venv.needs("transformers")
-    code = """
-import json, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.generation import CompileConfig
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-model = LlamaForCausalLM(cfg).eval()
-ids = torch.randint(0, 128, (1, 6))
-kw = dict(max_new_tokens=6, do_sample=False, cache_implementation="static")
-eager = model.generate(ids, disable_compile=True, **kw)
-cc = CompileConfig(); cc._compile_all_devices = True
-compiled = model.generate(ids, compile_config=cc, **kw)
-import rocm_autopatch
-r = rocm_autopatch.report()
-print(json.dumps({"same": eager.tolist() == compiled.tolist(), "compiled": hasattr(model,
-                  "_compiled_call"), "rewrites": [[w.before, w.after, w.call_site]
-                                                  for w in r.compile_rewrites]}))
-"""
-    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
-    assert out["same"] is True and out["compiled"] is True
+    out, _ = forms("generate", **FORCE)
+    assert out["out"]["same"] is True and out["out"]["compiled"] is True
     (rewrite,) = out["rewrites"]
     assert rewrite[0]["mode"] == "reduce-overhead" and rewrite[1]["mode"] == "default"
     assert "transformers" in rewrite[2]
