@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Callable, Dict
 
 import pytest
 from conftest import ROOT, Venv, clean_env, doctor
 
 import rocm_autopatch
+from rocm_autopatch.cli import doctor_text
 from rocm_autopatch.config import profiles
 
 SECTIONS = ["Install", "Platform", "Environment",
@@ -27,28 +29,52 @@ def safe_keys() -> set:
     return {s.key for s in profiles.SAFE}
 
 
+@pytest.fixture(scope="module")
+def collected(torch_venv: Venv) -> Callable[..., subprocess.CompletedProcess]:
+    """``collected(**env)``: ``rocm-autopatch doctor --json`` in ``env``, run once for the
+    tests of this module that read that environment. Its text views are ``text(proc)``: the
+    doctor collects one document and prints it as JSON or renders it with
+    ``doctor_text.render`` (cli/main.py), with the same exit status."""
+    done: Dict[tuple, subprocess.CompletedProcess] = {}
+
+    def get(**env: str) -> subprocess.CompletedProcess:
+        key = tuple(sorted(env.items()))
+        if key not in done:
+            done[key] = doctor(torch_venv, "--json", env=env)
+        return done[key]
+
+    return get
+
+
+def text(proc: subprocess.CompletedProcess, verbose: bool = False) -> str:
+    """What ``rocm-autopatch doctor [--verbose]`` prints of the document ``proc`` printed."""
+    return doctor_text.render(json.loads(proc.stdout), verbose)
+
+
 @pytest.mark.parametrize("mode", ["auto", "force"])
 def test_the_default_view_fits_one_screen_and_the_verbose_one_has_every_section(
-        torch_venv: Venv, mode: str) -> None:
+        torch_venv: Venv, collected: Callable[..., subprocess.CompletedProcess],
+        mode: str) -> None:
     """issue 44: 77 lines on a CPU build and 122 forced, with a last line that did not list
     the red flags. By default: at most 50 lines of at most 80 columns (a path whole on its
     own line excepted), what is active and what it changed, red flags last; --verbose: every
     section, each changed key with its reason and public source."""
-    proc = doctor(torch_venv, env={"ROCM_AUTOPATCH": mode})
+    proc = collected(ROCM_AUTOPATCH=mode)
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert len(lines) <= 50, proc.stdout
+    shown = text(proc)
+    lines = shown.splitlines()
+    assert len(lines) <= 50, shown
     # Past 80 columns only a path kept whole on its own line (a path is never split): the
     # venv of a checkout at a deep path (CI's) makes the install paths longer than that.
     wide = [line for line in lines if len(line) > 80]
     assert all(line.strip().startswith("/") and " " not in line.strip() for line in wide), wide
-    assert "Traceback" not in proc.stdout + proc.stderr
-    assert "\x1b[" not in proc.stdout  # no colour codes
+    assert "Traceback" not in proc.stdout + proc.stderr + shown
+    assert "\x1b[" not in shown  # no colour codes
     assert f"      {torch_venv.site}" in lines
     build = torch_venv.torch["build"]
-    assert f"torch {torch_venv.torch['version']} ({build}" in proc.stdout
+    assert f"torch {torch_venv.torch['version']} ({build}" in shown
     assert lines[-2].startswith("healthy") and "--verbose" in lines[-2] + lines[-1]
-    verbose = doctor(torch_venv, "--verbose", env={"ROCM_AUTOPATCH": mode}).stdout
+    verbose = text(proc, verbose=True)
     vlines = verbose.splitlines()
     assert [line for line in vlines if line in SECTIONS] == SECTIONS
     assert f"    {torch_venv.site}" in vlines
@@ -60,15 +86,15 @@ def test_the_default_view_fits_one_screen_and_the_verbose_one_has_every_section(
         assert lines[0].startswith(f"rocm-autopatch {rocm_autopatch.__version__} doctor: "
                                    "active, profile safe")
         assert "  inductor.triton.cudagraph_trees: True -> False" in lines
-        assert "compile_watchdog" in flat(proc.stdout.split("What it changed")[1])
+        assert "compile_watchdog" in flat(shown.split("What it changed")[1])
         assert "inductor.triton.cudagraph_trees: True -> False, profile, applied" in verbose
         assert "why: the CUDA-graph-trees implementation" in verbose
         # unchanged keys: one line in --verbose, a count by default
         assert "inductor.max_autotune: False -> False" not in verbose
         assert "already as the profile wants (unchanged): " in verbose
-        assert "more keys already had the safe value" in proc.stdout
+        assert "more keys already had the safe value" in shown
     else:  # an inactive process says nothing was applied
-        assert "not active" in lines[0] and f"{build} build; nothing changed" in proc.stdout
+        assert "not active" in lines[0] and f"{build} build; nothing changed" in shown
         assert ", applied" not in verbose.split("Configuration")[1]  # no key changed
         for title in ("Configuration (key: before -> after, source, status)",
                       "torch.compile rewrites and fixes"):
@@ -78,8 +104,9 @@ def test_the_default_view_fits_one_screen_and_the_verbose_one_has_every_section(
 
 
 @pytest.mark.parametrize("broken", ["cache", "watchdog"])
-def test_a_promise_it_cannot_keep_is_a_red_flag(torch_venv: Venv, tmp_path: Path,
-                                                 broken: str) -> None:
+def test_a_promise_it_cannot_keep_is_a_red_flag(
+        torch_venv: Venv, collected: Callable[..., subprocess.CompletedProcess],
+        tmp_path: Path, broken: str) -> None:
     """issue 44: with a cache directory it cannot write the doctor said healthy (exit 0),
     the failure 81 lines up, and still advised setting the variable that was set."""
     env = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_CACHE": "/proc/nope"}
@@ -91,13 +118,13 @@ def test_a_promise_it_cannot_keep_is_a_red_flag(torch_venv: Venv, tmp_path: Path
             "    def start(self):\n"
             "        raise RuntimeError('can\\'t start new thread')\n"
             "threading.Timer = NoThread\n")
-    proc = doctor(torch_venv, env=env)
-    lines = proc.stdout.splitlines()
+    proc = collected(**env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = text(proc).splitlines()
     flags = lines[lines.index(next(ln for ln in lines if ln.startswith("Red flags"))):]
     name = "compile_cache" if broken == "cache" else "compile_watchdog"
-    assert any(ln.startswith(f"  ! {name} failed: ") for ln in flags), proc.stdout
-    verbose = doctor(torch_venv, "--verbose", env=env).stdout
+    assert any(ln.startswith(f"  ! {name} failed: ") for ln in flags), lines
+    verbose = text(proc, verbose=True)
     # The program still compiles, and runs (the broken promise costs it nothing).
     ran = torch_venv.run("import torch; print(float(torch.compile(lambda x: x * 2)"
                          "(torch.ones(2)).sum()))", env=env)
@@ -122,8 +149,9 @@ def test_long_install_paths_are_printed_whole(torch_venv: Venv, tmp_path: Path) 
     assert max(len(line) for line in lines if line != site) <= 80
 
 
-def test_json_schema(torch_venv: Venv) -> None:
-    proc = doctor(torch_venv, "--json", env={"ROCM_AUTOPATCH": "force"})
+def test_json_schema(torch_venv: Venv,
+                     collected: Callable[..., subprocess.CompletedProcess]) -> None:
+    proc = collected(ROCM_AUTOPATCH="force")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert set(data) >= {"install", "python", "report", "gpus", "environment", "left_out",
@@ -192,22 +220,23 @@ def test_profile_perf_shows_perf_without_touching_other_processes(torch_venv: Ve
     assert after == "safe"
 
 
-def test_red_flag_on_rocm_with_the_package_off_exits_1(torch_venv: Venv) -> None:
+def test_red_flag_on_rocm_with_the_package_off_exits_1(
+        collected: Callable[..., subprocess.CompletedProcess]) -> None:
     """STAND-IN ROCm torch (no ROCm build here): ROCM_AUTOPATCH=0 leaves autotuning on."""
-    env = {"ROCM_AUTOPATCH": "0", "TORCHINDUCTOR_MAX_AUTOTUNE": "1", "PYTHONPATH": STANDIN}
-    proc = doctor(torch_venv, env=env)
+    proc = collected(ROCM_AUTOPATCH="0", TORCHINDUCTOR_MAX_AUTOTUNE="1", PYTHONPATH=STANDIN)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "! TORCHINDUCTOR_MAX_AUTOTUNE=1" in proc.stdout
-    assert "fix: unset" in proc.stdout and "(rocm, HIP" in proc.stdout
-    assert any(line.startswith("Red flags (") for line in proc.stdout.splitlines())
-    assert "Traceback" not in proc.stdout + proc.stderr
-    data = json.loads(doctor(torch_venv, "--json", env=env).stdout)
+    shown = text(proc)
+    assert "! TORCHINDUCTOR_MAX_AUTOTUNE=1" in shown
+    assert "fix: unset" in shown and "(rocm, HIP" in shown
+    assert any(line.startswith("Red flags (") for line in shown.splitlines())
+    assert "Traceback" not in proc.stdout + proc.stderr + shown
+    data = json.loads(proc.stdout)
     assert data["healthy"] is False
     assert [r["flag"] for r in data["environment"] if r["name"] == "TORCHINDUCTOR_MAX_AUTOTUNE"
             ] == ["red"]
     if not data["gpus"]:  # this machine: a ROCm build (the stand-in) and no AMD GPU
         assert any("without an AMD GPU" in note for note in data["notes"])
-        assert "! a ROCm build of torch on a machine without an AMD GPU" in proc.stdout
+        assert "! a ROCm build of torch on a machine without an AMD GPU" in shown
 
 
 def test_red_flag_neutralised_by_the_package(torch_venv: Venv) -> None:
@@ -230,18 +259,18 @@ def test_not_a_red_flag_on_a_cpu_build(torch_venv: Venv) -> None:
     assert "turned off by ROCM_AUTOPATCH=0" in proc.stdout
 
 
-def test_gpu_arch_from_a_fake_kfd_topology(torch_venv: Venv, tmp_path: Path) -> None:
+def test_gpu_arch_from_a_fake_kfd_topology(
+        collected: Callable[..., subprocess.CompletedProcess], tmp_path: Path) -> None:
     for node, version in (("0", 0), ("1", 90402), ("2", 90010), ("3", 120001)):
         (tmp_path / node).mkdir()
         (tmp_path / node / "properties").write_text(
             f"cpu_cores_count 0\ngfx_target_version {version}\nsimd_count 304\n")
     (tmp_path / "4").mkdir()  # a node without properties is skipped, not an error
-    proc = doctor(torch_venv, "--verbose", env={"ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)})
+    proc = collected(ROCM_AUTOPATCH_KFD_TOPOLOGY=str(tmp_path))
     assert proc.returncode == 0
     assert ("GPUs (KFD): gfx942 (MI300X/MI300A/MI325X), gfx90a (MI210/MI250/MI250X), "
-            "gfx1201 (unknown)") in proc.stdout.replace("\n     ", "")
-    data = json.loads(doctor(torch_venv, "--json",
-                             env={"ROCM_AUTOPATCH_KFD_TOPOLOGY": str(tmp_path)}).stdout)
+            "gfx1201 (unknown)") in text(proc, verbose=True).replace("\n     ", "")
+    data = json.loads(proc.stdout)
     assert [g["arch"] for g in data["gpus"]] == ["gfx942", "gfx90a", "gfx1201"]
 
 
@@ -260,10 +289,10 @@ def test_module_form_matches_console_script(torch_venv: Venv) -> None:
     assert json.loads(proc.stdout)["install"]["will_run"] is True
 
 
-def test_allowed_cudagraphs_are_kept_as_torch_makes_them_and_said_so(torch_venv: Venv) -> None:
-    env = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS": "1",
-           "TORCHINDUCTOR_CUDAGRAPHS": "1"}
-    proc = doctor(torch_venv, "--json", env=env)
+def test_allowed_cudagraphs_are_kept_as_torch_makes_them_and_said_so(
+        collected: Callable[..., subprocess.CompletedProcess]) -> None:
+    proc = collected(ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS="1",
+                     TORCHINDUCTOR_CUDAGRAPHS="1")
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the user's choice: no red flag
     data = json.loads(proc.stdout)
     config = {c["key"]: c for c in data["report"]["config"]}
@@ -275,24 +304,24 @@ def test_allowed_cudagraphs_are_kept_as_torch_makes_them_and_said_so(torch_venv:
     assert "kept: CUDA graphs" in guard
     (row,) = [r for r in data["environment"] if r["name"] == "TORCHINDUCTOR_CUDAGRAPHS"]
     assert row["flag"] == "kept"
-    text = doctor(torch_venv, env=env).stdout
-    assert "= TORCHINDUCTOR_CUDAGRAPHS=1" in text
+    assert "= TORCHINDUCTOR_CUDAGRAPHS=1" in text(proc)
 
 
-def test_safe_keeps_template_gemm_backends_flydsl_included_out(torch_venv: Venv) -> None:
+def test_safe_keeps_template_gemm_backends_flydsl_included_out(
+        torch_venv: Venv, collected: Callable[..., subprocess.CompletedProcess]) -> None:
     """An image that lists FlyDSL (torch 2.15's ROCm GEMM backend, used only when listed
     in max_autotune_gemm_backends with autotuning on) and turns autotuning on."""
     env = {"ROCM_AUTOPATCH": "force", "TORCHINDUCTOR_MAX_AUTOTUNE": "1",
            "TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS": "ATEN,TRITON,FLYDSL"}
     for hatch in ({}, {"INDUCTOR_MAX_AUTOTUNE": "1"}):  # tuning kept: backends still ATen
-        data = json.loads(doctor(torch_venv, "--json", env={**env, **hatch}).stdout)
+        data = json.loads(collected(**env, **hatch).stdout)
         gemm = data["gemm_backends"]
         assert gemm["listed"] == ["ATEN"] and gemm["templates_used"] == []
         assert gemm["flydsl_candidate"] is False
         assert gemm["flydsl_in_this_torch"] == (torch_venv.torch["release"] >= (2, 15))
-    text = doctor(torch_venv, "--verbose", env=env).stdout
-    assert "GEMM backends listed: ATEN; GEMMs run on ATen (no autotuning)" in text
-    plain = json.loads(doctor(torch_venv, "--json", env={**env, "ROCM_AUTOPATCH": "0"}).stdout)
+    assert "GEMM backends listed: ATEN; GEMMs run on ATen (no autotuning)" in text(
+        collected(**env), verbose=True)
+    plain = json.loads(collected(**{**env, "ROCM_AUTOPATCH": "0"}).stdout)
     assert "FLYDSL" in plain["gemm_backends"]["listed"]  # without us, torch would list it
 
 
