@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import pytest
 from conftest import Venv, fake_kfd
@@ -109,7 +110,52 @@ before_user = ic.max_autotune
 ic.max_autotune = USER if USER is not None else ic.max_autotune   # the user's own code
 print(json.dumps({"value": before_user, "after_user": ic.max_autotune,
                   "source": e.source if e else None, "warnings": r.warnings}))
+ic.max_autotune = before_user  # put back: another program may share the process (FORCED)
 """
+LIMIT = """
+import json, torch._dynamo.config as dc, rocm_autopatch
+before_user = dc.recompile_limit
+dc.recompile_limit = 1024              # what SGLang does after import
+e = next(c for c in rocm_autopatch.report().config if c.key == "dynamo.recompile_limit")
+print(json.dumps({"now": dc.recompile_limit, "alias": dc.cache_size_limit, "wanted": e.wanted}))
+dc.recompile_limit = before_user  # put back: another program may share the process (FORCED)
+"""
+# The programs run under ROCM_AUTOPATCH=force and nothing else, in one process (one
+# interpreter importing torch, not three): each in a namespace of its own, what it printed
+# its own, an exception its own; each puts back the config it assigned.
+FORCED = [PRECEDENCE.replace("USER", "None"), PRECEDENCE.replace("USER", "True"), LIMIT]
+SHARED = """
+import contextlib, io, json, sys, traceback
+found = []
+for code in json.loads(sys.argv[1]):
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(code, {"__name__": "__main__"})
+        found.append(json.loads(printed.getvalue().splitlines()[-1]))
+    except Exception:
+        found.append({"error": traceback.format_exc()})
+print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def forced(torch_venv: Venv) -> Callable[..., dict]:
+    """``forced(code, **env)``: what ``code`` printed under ROCM_AUTOPATCH=force and ``env``;
+    the programs of ``FORCED`` (with no ``env``) from their one shared process."""
+    shared: List[dict] = []
+
+    def get(code: str, **env: str) -> dict:
+        if env or code not in FORCED:
+            return torch_venv.json(code, env={"ROCM_AUTOPATCH": "force", **env})
+        if not shared:
+            shared.extend(torch_venv.json(SHARED, json.dumps(FORCED),
+                                          env={"ROCM_AUTOPATCH": "force"}))
+        out = shared[FORCED.index(code)]
+        assert "error" not in out, out["error"][-3000:]
+        return out
+
+    return get
 
 
 @pytest.mark.parametrize("env, user, value, after_user, source", [
@@ -120,9 +166,9 @@ print(json.dumps({"value": before_user, "after_user": ic.max_autotune,
     ({"INDUCTOR_MAX_AUTOTUNE": "1"}, False, True, False, "override"),      # user > override
     ({}, True, False, True, "profile"),                                    # user > profile
 ])
-def test_precedence(torch_venv: Venv, env, user, value, after_user, source) -> None:
-    out = torch_venv.json(PRECEDENCE.replace("USER", repr(user)),
-                          env={"ROCM_AUTOPATCH": "force", **env})
+def test_precedence(forced: Callable[..., dict], env, user, value, after_user,
+                    source) -> None:
+    out = forced(PRECEDENCE.replace("USER", repr(user)), **env)
     assert (out["value"], out["after_user"], out["source"]) == (value, after_user, source)
     hostile = [w for w in out["warnings"] if "TORCHINDUCTOR_MAX_AUTOTUNE=1" in w]
     if env.get("TORCHINDUCTOR_MAX_AUTOTUNE") and source == "profile":
@@ -209,14 +255,8 @@ def test_bad_input_warns_once_and_keeps_going(torch_venv: Venv) -> None:
     assert len(out["warnings"]) == len(BAD_INPUT)  # the report holds each once too
 
 
-def test_limit_is_raised_never_lowered(torch_venv: Venv) -> None:
-    code = """
-import json, torch._dynamo.config as dc, rocm_autopatch
-dc.recompile_limit = 1024              # what SGLang does after import
-e = next(c for c in rocm_autopatch.report().config if c.key == "dynamo.recompile_limit")
-print(json.dumps({"now": dc.recompile_limit, "alias": dc.cache_size_limit, "wanted": e.wanted}))
-"""
-    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force"})
+def test_limit_is_raised_never_lowered(forced: Callable[..., dict]) -> None:
+    out = forced(LIMIT)
     assert out == {"now": 1024, "alias": 1024, "wanted": 128}
 
 
