@@ -13,7 +13,7 @@ import signal
 import subprocess
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import pytest
 from conftest import ROOT, Venv, clean_env, doctor
@@ -39,6 +39,17 @@ def run(venv: Venv, tmp_path: Path, env: Dict[str, str], *args: str,
 
 def files(directory: Path) -> List[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix == ".json")
+
+
+@pytest.fixture(scope="module")
+def armed(torch_venv: Venv, tmp_path_factory: pytest.TempPathFactory
+          ) -> Tuple[Path, subprocess.CompletedProcess]:
+    """The script as it is, with ROCM_AUTOPATCH_REPORT naming r.json in a folder of its own:
+    (the folder, the process), run once for the tests that read a plain armed run."""
+    folder = tmp_path_factory.mktemp("armed")
+    proc = run(torch_venv, folder, {"ROCM_AUTOPATCH_REPORT": str(folder / "r.json")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return folder, proc
 
 
 def torch_log(stderr: str) -> Dict[int, Dict[str, Counter]]:
@@ -190,14 +201,15 @@ def test_a_process_that_compiles_nothing_writes_no_report(torch_venv: Venv,
     assert not path.exists() and "compile: " not in proc.stderr
 
 
-def test_unset_means_no_file_no_exit_handler_nothing_loaded(torch_venv: Venv,
-                                                            tmp_path: Path) -> None:
+def test_unset_means_no_file_no_exit_handler_nothing_loaded(
+        torch_venv: Venv, tmp_path: Path, armed: Tuple[Path, subprocess.CompletedProcess]
+        ) -> None:
     unset = run(torch_venv, tmp_path, {})
-    armed = run(torch_venv, tmp_path, {"ROCM_AUTOPATCH_REPORT": str(tmp_path / "r.json")})
-    a, b = (json.loads(p.stdout.splitlines()[-1]) for p in (unset, armed))
+    folder, asked = armed
+    a, b = (json.loads(p.stdout.splitlines()[-1]) for p in (unset, asked))
     assert (a["armed"], a["loaded"], b["armed"], b["loaded"]) == (False, False, True, True)
     assert b["atexit"] == a["atexit"] + 1  # exactly our one handler, only when asked
-    assert [p.name for p in files(tmp_path)] == ["r.json"]
+    assert files(tmp_path) == [] and [p.name for p in files(folder)] == ["r.json"]
 
 
 def test_two_ranks_and_the_doctors_job_view(torch_venv: Venv, tmp_path: Path) -> None:
@@ -317,11 +329,10 @@ def test_a_relative_path_is_resolved_when_the_package_activates(torch_venv: Venv
     assert (start / "reports" / "r.json").exists() and not (elsewhere / "reports").exists()
 
 
-def test_the_job_view_shows_what_is_readable_and_names_what_is_not(torch_venv: Venv,
-                                                                   tmp_path: Path) -> None:
-    good = tmp_path / "good.json"
-    proc = run(torch_venv, tmp_path, {"ROCM_AUTOPATCH_REPORT": str(good)})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_the_job_view_shows_what_is_readable_and_names_what_is_not(
+        torch_venv: Venv, tmp_path: Path, armed: Tuple[Path, subprocess.CompletedProcess]
+        ) -> None:
+    good = armed[0] / "r.json"
     bad = {
         "empty.json": '{"schema": 2, "process": {}, "compile": {}}',
         "other.json": '{"schema": 99, "process": {}, "compile": {}}',
@@ -335,7 +346,7 @@ def test_the_job_view_shows_what_is_readable_and_names_what_is_not(torch_venv: V
     view = doctor(torch_venv, "--report", *paths)
     assert view.returncode == 0, view.stdout + view.stderr  # healthy, some files unreadable
     assert "Traceback" not in view.stdout + view.stderr
-    assert "compile report: 1 process" in view.stdout  # good.json only
+    assert "compile report: 1 process" in view.stdout  # the armed run's only
     for name in bad:  # empty sections are not a process (docs/report.md)
         assert name in view.stderr and name in view.stdout, name
     assert "schema 99" in view.stdout and "empty sections" in view.stderr  # stdout wraps
