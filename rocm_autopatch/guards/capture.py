@@ -116,7 +116,9 @@ def reenable_declined(torch: types.ModuleType) -> None:
 # ---- the graph classes' capture_begin and capture_end: one pair of wrappers each --------
 
 _reenable = False  # capture_end re-enables the declined codes (the legacy form)
-_counted: Tuple[type, ...] = ()  # the classes whose captures are counted (``count_captures``)
+# The classes whose captures are counted (``count_captures``), each with its capture_begin
+# wrapper as installed: ``none_open`` checks the wrapper is still the class's own.
+_counted: Tuple[Tuple[type, Any], ...] = ()
 # The graphs (by id) whose counted capture is open; None: one under way when the count began.
 _open: Dict[Optional[int], int] = {}
 
@@ -142,8 +144,9 @@ def _release(key: Optional[int]) -> None:
             del _open[key]
 
 
-def _wrap(cls: type, torch: types.ModuleType) -> bool:
-    """``cls.capture_begin`` and ``cls.capture_end`` wrapped once; each wrapper reads the
+def _wrap(cls: type, torch: types.ModuleType) -> Optional[Callable[..., Any]]:
+    """``cls.capture_begin`` and ``cls.capture_end`` wrapped once (the begin wrapper in place,
+    None where either could not be wrapped); each wrapper reads the
     flags above when called, so the policy's hook and the sentinel's count share them. A
     capture is counted from before its begin (no call of it goes uncounted) until its own
     graph's end returns; an end that raises (a capture invalidated, the wrong stream)
@@ -175,8 +178,8 @@ def _wrap(cls: type, torch: types.ModuleType) -> bool:
                     log.hook_failed("torch.cuda.graphs", "capture_end re-enable", exc)
         return capture_end
 
-    return (patching.wrap(cls, "capture_begin", make_begin) is not None
-            and patching.wrap(cls, "capture_end", make_end) is not None)
+    begin = patching.wrap(cls, "capture_begin", make_begin)
+    return begin if patching.wrap(cls, "capture_end", make_end) is not None else None
 
 
 def install_capture_end_hook(torch: types.ModuleType) -> bool:
@@ -184,7 +187,7 @@ def install_capture_end_hook(torch: types.ModuleType) -> bool:
     (``CUDAGraph.capture_end``; releases before ``torch.accelerator.Graph``); idempotent."""
     global _reenable
     classes = _graph_classes(torch)
-    if not classes or not _wrap(classes[0], torch):
+    if not classes or _wrap(classes[0], torch) is None:
         return False
     _reenable = True
     return True
@@ -199,12 +202,13 @@ def count_captures(torch: types.ModuleType) -> bool:
     global _counted
     classes = _graph_classes(torch)
     fresh = not any(patching.ours(cls.__dict__.get("capture_begin")) for cls in classes)
-    if not classes or not all([_wrap(cls, torch) for cls in classes]):
+    counted = tuple((cls, _wrap(cls, torch)) for cls in classes)
+    if not counted or any(begin is None for _, begin in counted):
         return False
     with _lock:
         if fresh and capturing(torch):  # begun before any begin was counted
             _open[None] = _open.get(None, 0) + 1
-        _counted = tuple(classes)
+        _counted = counted
     return True
 
 
@@ -213,9 +217,13 @@ def none_open() -> bool:
     our wrappers are still in place (taken out, the count would stop: then this is False
     and the runtime is asked). A capture begun elsewhere (a C++ extension's own) is not
     counted: a call that may do more than count still asks the runtime (``capturing``)."""
-    classes = _counted
-    return bool(classes) and not _open and all(
-        patching.ours(cls.__dict__.get("capture_begin")) for cls in classes)
+    counted = _counted  # asked at every quiet call: a loop, not a generator (1 us less)
+    if _open or not counted:
+        return False
+    for cls, begin in counted:
+        if cls.__dict__.get("capture_begin") is not begin:
+            return False
+    return True
 
 
 # ---- torch's behaviour (ROCM_AUTOPATCH_COMPILE_IN_CAPTURE=1) ----------------------------

@@ -247,8 +247,8 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     # a call made inside the program's capture is never counted, so every rank and every
     # run numbers the same calls the same way (known only off the quiet calls, the calls of
     # a capture were counted or not by where the quiet window ended, which follows
-    # timings). While no capture begun through torch's CUDAGraph is open (counted by
-    # ``guards.capture``), a quiet call does not ask the runtime (7-9 us a call on an H200);
+    # timings). While no capture begun through torch's graph classes is open (counted by
+    # ``guards.capture``), a quiet call does not ask the runtime (7-8 us a call on an H200);
     # a call that may do more than count asks it (``elsewhere``).
     counted = capture.none_open()
     if kwargs or getattr(busy, "checking", False) or \
@@ -312,8 +312,8 @@ def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -
 
 
 def elsewhere(counted: bool) -> bool:
-    """Where only the count answered (``counted``), a capture begun outside torch's
-    CUDAGraph (a C++ extension's own), which the runtime alone sees: asked before a call
+    """Where only the count answered (``counted``), a capture begun outside torch's graph
+    classes (a C++ extension's own), which the runtime alone sees: asked before a call
     reads a verdict, its inputs or checks, none of which may run inside a capture. Such a
     capture's quiet calls are counted (the one case where ranks may number calls apart)."""
     return counted and capture.capturing(torch)
