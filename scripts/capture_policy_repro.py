@@ -57,7 +57,10 @@ def run(f, x, capturing):
     STATE["capturing"] = capturing
     before = len(COMPILED)
     try:
-        ok = bool(torch.allclose(f(x), (fn if f is compiled else first_use)(x)))
+        # atol at float32's resolution: cos(x) - x is 0 near x = 0.739, where one ulp of
+        # difference between Inductor's C++ cos and eager's failed allclose's default
+        # atol=1e-8 for 4 inputs in 3,000 (CI failed once so); 1e-6 failed none in 6,000.
+        ok = bool(torch.allclose(f(x), (fn if f is compiled else first_use)(x), atol=1e-6))
     finally:
         STATE["capturing"] = False
     return {"ok": ok, "compiled": COMPILED[before:]}
@@ -69,6 +72,7 @@ def end_of_capture():
 
 compiled = torch.compile(fn, backend=counting_inductor)
 compiled_first = torch.compile(first_use, backend=counting_inductor)
+torch.manual_seed(0)  # the same inputs on every run
 f32, f64 = torch.randn(8), torch.randn(8, dtype=torch.float64)
 steps = {
     "warm_up": run(compiled, f32, False),
