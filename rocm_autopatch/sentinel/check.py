@@ -25,7 +25,7 @@ from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import backward, footprint, memory, numerics, snapshot
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
-from rocm_autopatch.sentinel.scheduling import integers, schedule
+from rocm_autopatch.sentinel.scheduling import coverage, integers, schedule
 
 
 class Check:
@@ -210,7 +210,7 @@ class Check:
                                numerics.leaves(self.res))
         with record.LOCK:
             graph.entry["calls_checked"] += 1
-            graph.entry.update(schedule.coverage(graph.schedule))
+            graph.entry.update(coverage.of(graph.schedule))
         if bad:
             if grad:
                 graph.note(backward="not checked: the forward pass already differs")
@@ -269,7 +269,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if plan.calls + 1 < plan.quiet and not graph.confirm and graph.matches(args):
             plan.calls += 1  # nothing due but counting (``scheduling.quiet``)
             graph.entry["calls"] = plan.calls
-            wrapped(began, spent)
+            wrapped(plan, began, spent)
             return graph.compiled(*args)
         if elsewhere(counted):
             return graph.compiled(*args)
@@ -297,8 +297,8 @@ def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -
         why = schedule.SAMPLED
     graph.entry["calls"] = plan.calls
     if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
-        graph.note(**schedule.coverage(plan))
-    wrapped(began, spent)
+        graph.note(**coverage.of(plan))
+    wrapped(plan, began, spent)
     if why is None:
         res = graph.compiled(*args)
         if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
@@ -319,11 +319,14 @@ def elsewhere(counted: bool) -> bool:
     return counted and capture.capturing(torch)
 
 
-def wrapped(began: float, spent: float) -> None:
-    """Count in the ledger what the wrapper took of a call since ``began`` beyond what the
-    ledger counted meanwhile (``spent`` then: the reads ``due`` made count themselves)."""
+def wrapped(plan: schedule.Schedule, began: float, spent: float) -> None:
+    """Count in the ledger, and in ``plan``'s own (its checks answer to it:
+    ``schedule.checks_share``), what the wrapper took of a call since ``began`` beyond what
+    the ledger counted meanwhile (``spent`` then: the reads ``due`` made count themselves)."""
     ledger = schedule.LEDGER
-    ledger.wrapper += max(time.perf_counter() - began - (ledger.spent - spent), 0.0)
+    seconds = max(time.perf_counter() - began - (ledger.spent - spent), 0.0)
+    ledger.wrapper += seconds
+    plan.wrapper += seconds
 
 
 def large_output_is_new(graph: Graph, res: Any) -> bool:

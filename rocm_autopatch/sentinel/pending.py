@@ -22,7 +22,7 @@ from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.judging.status import PASSED, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import deferred, memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
-from rocm_autopatch.sentinel.scheduling import schedule
+from rocm_autopatch.sentinel.scheduling import coverage, schedule
 
 
 def launch(self: Any) -> bool:
@@ -62,7 +62,7 @@ def launch(self: Any) -> bool:
     # the verdict costs is added when it is read.
     graph.schedule.checked(self.why, self.flat, self.values, True, 0.0,
                            self.prepared + later.launch_seconds, numerics.leaves(self.res))
-    graph.note(references=graph.replays.why, **schedule.coverage(graph.schedule))
+    graph.note(references=graph.replays.why, **coverage.of(graph.schedule))
     self.later = later
     graph.pending = self
     _waiting(graph)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import dynamo_graph
 
-from rocm_autopatch.sentinel.scheduling import crossings, integers, magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling import coverage, crossings, integers, magnitudes, schedule
 
 pytestmark = pytest.mark.fast
 
@@ -34,10 +34,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def _period(clock: Clock, pace: float, call: float = 20e-6, overhead: float = 2e-3,
-            alone: bool = True) -> int:
+            alone: bool = True, wrapper: float = 0.0) -> int:
     """The period of a graph whose compiled call takes ``call`` seconds, called every
     ``pace`` seconds of the program, after one warm check that cost ``overhead``; ``alone``:
-    the only graph of the process."""
+    the only graph of the process; ``wrapper``: the share of the program's time the wrapper
+    took at the graph's calls."""
     if alone:
         schedule.LEDGER.__init__()
     plan = schedule.Schedule(1, 0.01, [])
@@ -45,6 +46,7 @@ def _period(clock: Clock, pace: float, call: float = 20e-6, overhead: float = 2e
     for _ in range(100):
         plan.due(flat)
         clock.now += pace
+    plan.wrapper = wrapper * (clock.now - plan.clock)
     plan.checked(schedule.SAMPLED, flat, {}, True, call, call + overhead, [])
     return plan.period
 
@@ -56,6 +58,18 @@ def test_a_graph_that_is_a_third_of_its_loop_is_sampled_three_times_as_often(
     # 2 ms / (0.75% of 20 us) = 13,333 -> 16,384; of 60 us: 4,444 -> 8,192 (powers of two)
     assert (alone, third) == (16384, 8192)
     assert _period(clock, 2e-3) == 256  # a small part of the program: followed closely
+
+
+def test_the_sampled_checks_take_what_the_wrapper_leaves_of_their_share(clock: Clock) -> None:
+    """The budget holds the sentinel's whole cost: checks, reads and the wrapper at every
+    call. The wrapper's share comes out of the checks' (three quarters of the budget), down
+    to a sixteenth of it, so a graph whose wrapper alone costs more is still sampled."""
+    assert _period(clock, 2e-3) == 256  # 2 ms / (0.75% of 2 ms) = 133 -> 256
+    assert _period(clock, 2e-3, wrapper=0.00375) == 512  # half the checks' share left
+    assert _period(clock, 2e-3, wrapper=0.005) == 512  # a third left: 400 -> 512
+    assert _period(clock, 2e-3, wrapper=0.007) == 2048  # a fifteenth left: 2,000 -> 2,048
+    assert _period(clock, 2e-3, wrapper=0.0072) == 4096  # under a sixteenth: the floor,
+    assert _period(clock, 2e-3, wrapper=0.05) == 4096  # 2,133 -> 4,096, and no further
 
 
 def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_part(
@@ -276,9 +290,9 @@ def test_small_integers_are_read_every_call_only_where_it_fits_the_budget(
 
     slow, fast = run(4.4e-3), run(200e-6)
     assert slow.integers.every_call and slow.magnitudes.followed == {0}
-    assert schedule.coverage(slow)["values"]["read_every_call"] == [0]
+    assert coverage.of(slow)["values"]["read_every_call"] == [0]
     assert not fast.integers.every_call and fast.magnitudes.followed == frozenset()
-    assert schedule.coverage(fast)["values"]["read_every_call"] == []
+    assert coverage.of(fast)["values"]["read_every_call"] == []
 
 
 def test_when_reads_every_call_stop_the_next_rungs_are_predicted_from_them(
@@ -349,7 +363,7 @@ def test_only_integers_that_grow_are_read_every_call(clock: Clock) -> None:
             plan.checked(why, flat, plan.magnitudes.now(flat), True, 5e-3, 5e-3, [])
         clock.now += 5e-3
     assert plan.integers.indices == (0,) and plan.magnitudes.followed == {0}
-    assert schedule.coverage(plan)["values"]["read_every_call"] == [0]
+    assert coverage.of(plan)["values"]["read_every_call"] == [0]
     # the position stays on the 1.25x ladder; the token id is checked past 2x, as before
     assert plan.integers.still == {1}
     assert plan.new_regime({0: 1.3 * plan.checked_max[0]})
@@ -683,6 +697,12 @@ def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
                                            + 8e-6 * len(inputs))
     assert ledger.spent > 0 and ledger.spent_share() == pytest.approx(
         (ledger.spent + ledger.wrapper) / (clock.now - ledger.start), abs=1e-5)
+    # The graph's own account, which its checks' period answers to, holds the same wrapper
+    # (the only graph), and its report's share of the budget spent counts it.
+    plan = graph.schedule
+    assert plan.wrapper == pytest.approx(ledger.wrapper)
+    assert coverage.of(plan)["budget_spent"] == pytest.approx(
+        (plan.spent + plan.wrapper) / (clock.now - plan.clock), abs=1e-5)
 
 
 class _CaptureRig:

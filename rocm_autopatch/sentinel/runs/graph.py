@@ -15,7 +15,7 @@ from rocm_autopatch import frames, record
 from rocm_autopatch.sentinel.judging import allowance, choices
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import graph_record, numerics, reference, replay
-from rocm_autopatch.sentinel.scheduling import schedule
+from rocm_autopatch.sentinel.scheduling import coverage, schedule
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls
 # are not the program's), a compile in progress.
@@ -46,7 +46,7 @@ class Graph:
         self.judges: Any = None  # its judge's device work, captured by layout (``compare``)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
-        self.entry = graph_record.new(graph_id, where, **schedule.coverage(self.schedule))
+        self.entry = graph_record.new(graph_id, where, **coverage.of(self.schedule))
         with record.LOCK:
             found = graph_record.section()
             found["graphs"].append(self.entry)

@@ -24,7 +24,7 @@ class GraphRecord:
     where: str  # the frame compiled (and the user's line that called into it)
     status: str = PENDING  # sentinel.status
     reason: str = ""  # why skipped or failed
-    # What the checks covered (schedule.coverage)
+    # What the checks covered (scheduling.coverage)
     calls: int = 0  # calls run through the sentinel
     calls_checked: int = 0
     checked_because: Dict[str, int] = dataclasses.field(default_factory=dict)  # by reason

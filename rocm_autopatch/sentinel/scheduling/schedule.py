@@ -27,8 +27,9 @@ watched for the whole run:
   which it will pass the next rung is computed from its last reads, and that call's
   values are read at once (one synchronisation per predicted crossing);
 - every ``period``-th call is checked, ``period`` keeping the sampled checks within the
-  rest of the budget; each check a new shape or new values forced stands in for one of
-  them, so that forced and sampled checks together keep to it. ``period`` is a power of
+  rest of the budget less what the wrapper takes at every call (``checks_share``); each
+  check a new shape or new values forced stands in for one of them, so that forced and
+  sampled checks together keep to it. ``period`` is a power of
   two made from the costs measured at warm checks (one is made ``CALIBRATE_AFTER`` calls
   after the first ones); calls are chosen by their number, never by a random draw.
 
@@ -66,8 +67,12 @@ SHAPE_CAP = 16  # new shape signatures always checked, per graph
 REGIME_FACTOR = 4.0  # "well beyond": two binades above the largest magnitude checked
 # Following values may take this share of the budget: the reduction runs every ``stride``-th
 # call, ``stride`` the power of two that keeps its measured cost within it; sampled checks
-# take the rest.
+# take the rest, less what the wrapper takes at the graph's calls (``check.wrapped``).
 VALUES_SHARE = 0.25
+# Where the wrapper alone takes the checks' share (a graph of microseconds, or a host that
+# dispatches slowly), sampling slows to this part of its rate and no further: a bug that
+# neither a shape, a value nor a position brings is still found, later.
+CHECKS_FLOOR = 1 / 16
 MIN_VALUES_BUDGET = 0.01  # with a budget of 0 (first calls only) values are still followed
 FOLLOW_GATE = 64  # calls between two decisions whether the small integers' reads fit
 # Integer inputs that do not grow (token ids, labels: up and down from call to call) are
@@ -124,6 +129,7 @@ class Ledger:
         self.graphs = 0  # graphs called past their first calls
         self.spent = 0.0  # seconds of sampled checks and value reads, all graphs
         self.wrapper = 0.0  # seconds the wrapper took at calls, beyond what ``spent`` holds
+        # (each graph's own since its first calls: ``Schedule.wrapper``)
 
     def join(self) -> None:
         """A graph's first call past its first calls."""
@@ -136,12 +142,12 @@ class Ledger:
 
     def spent_share(self) -> float:
         """The sentinel's share of the wall time since the first warm call: its checks, its
-        reads and its wrapper at every call (``check.call``), which the budget does not
-        yet answer to (the checks' period and the reads' stride are set against the rest)."""
-        return _share_since(self.spent + self.wrapper, self.start)
+        reads and its wrapper at every call (``check.call``). Each graph's checks answer to
+        all three (``checks_share``); its reads to their quarter of the budget."""
+        return share_since(self.spent + self.wrapper, self.start)
 
 
-def _share_since(spent: float, since: Optional[float]) -> float:
+def share_since(spent: float, since: Optional[float]) -> float:
     """``spent`` seconds as a share of the wall time since ``since`` (0 before it)."""
     elapsed = time.perf_counter() - since if since is not None else 0.0
     return round(spent / elapsed, 5) if elapsed > 0 else 0.0
@@ -175,6 +181,7 @@ class Schedule:
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.clock: Optional[float] = None  # when the first call after the first ones came
         self.spent = 0.0  # seconds the sampled checks took beyond their compiled call
+        self.wrapper = 0.0  # seconds the wrapper took at its calls (``check.wrapped``)
         self.overheads: List[float] = []  # of the checks, beyond their compiled call
         self.warm: List[float] = []  # the same, of checks after the first calls
         self.sampled_calls: List[int] = []  # the last sampled checks' call numbers
@@ -293,8 +300,7 @@ class Schedule:
         if self.budget <= 0 or pace is None or not self.overheads:
             return False
         warm = max(self.calls - self.first, 1)
-        share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
-        return self.spent + self.overhead() <= share * warm * pace
+        return self.spent + self.overhead() <= checks_share(self) * warm * pace
 
     def overhead(self) -> float:
         """What a check costs beyond its compiled call: the lower median of the last eight
@@ -348,8 +354,18 @@ class Schedule:
             LEDGER.spent += overhead
         pace = self.pace()
         if self.budget > 0 and pace:
-            share = LEDGER.share(self.budget) * (1 - VALUES_SHARE)
-            self.period = _power_of_two(self.overhead() / (share * pace))
+            self.period = _power_of_two(self.overhead() / (checks_share(self) * pace))
+
+
+def checks_share(plan: Schedule) -> float:
+    """The share of the program's wall time ``plan``'s checks may take: its graph's part of
+    the budget, less the values' quarter and less the share the wrapper has taken at the
+    graph's calls since the first ones (so that checks, reads and wrapper together keep to
+    the budget), never under ``CHECKS_FLOOR`` of that part."""
+    share = LEDGER.share(plan.budget) * (1 - VALUES_SHARE)
+    elapsed = time.perf_counter() - plan.clock if plan.clock is not None else 0.0
+    taken = plan.wrapper / elapsed if elapsed > 0 else 0.0
+    return max(share - taken, share * CHECKS_FLOOR)
 
 
 def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
@@ -419,28 +435,3 @@ def charge(plan: Schedule, seconds: float) -> None:
         if costs:
             costs[-1] += seconds
 
-
-def coverage(plan: Schedule) -> Dict[str, Any]:
-    """What ``plan``'s checks covered, for the report (one graph)."""
-    largest = max(plan.checked_max.values(), default=None)
-    return {
-        "calls": plan.calls,
-        "checked_because": dict(plan.because),
-        "shapes": {"dynamic": bool(plan.dynamic),
-                   "seen": plan.shapes_seen if plan.dynamic else min(plan.calls, 1),
-                   "checked": len(plan.checked_shapes) if plan.dynamic
-                   else min(plan.checks, 1)},
-        "values": {"largest_checked": largest,
-                   "non_finite_checked": bool(plan.checked_non_finite),
-                   "inputs_followed": len(plan.magnitudes.watch) if plan.magnitudes
-                   else 0,
-                   "read_every_call": list(plan.integers.indices)
-                   if plan.integers and plan.integers.every_call else [],
-                   "stopped": "; ".join(x.stopped for x in (plan.magnitudes, plan.integers)
-                                        if x is not None and x.stopped)},
-        "period": plan.period, "budget": plan.budget, "values_stride": plan.stride,
-        "sampled_calls": list(plan.sampled_calls),
-        "budget_spent": _share_since(plan.spent, plan.clock),  # until now (graph_record)
-        "checks_skipped": plan.skipped,
-        "large_output_checked": plan.large_output_checked,
-    }
