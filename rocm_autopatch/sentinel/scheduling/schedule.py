@@ -129,7 +129,7 @@ class Ledger:
         self.graphs = 0  # graphs called past their first calls
         self.spent = 0.0  # seconds of sampled checks and value reads, all graphs
         self.wrapper = 0.0  # seconds the wrapper took at calls, beyond what ``spent`` holds
-        # (each graph's own since its first calls: ``Schedule.wrapper``)
+        # (each graph's own too: ``Schedule.wrapper``)
 
     def join(self) -> None:
         """A graph's first call past its first calls."""
@@ -359,9 +359,9 @@ class Schedule:
 
 def checks_share(plan: Schedule) -> float:
     """The share of the program's wall time ``plan``'s checks may take: its graph's part of
-    the budget, less the values' quarter and less the share the wrapper has taken at the
-    graph's calls since the first ones (so that checks, reads and wrapper together keep to
-    the budget), never under ``CHECKS_FLOOR`` of that part."""
+    the budget, less the values' quarter and less the share of the wall time since the
+    first calls that the wrapper has taken at the graph's calls (so that checks, reads and
+    wrapper together keep to the budget), never under ``CHECKS_FLOOR`` of that part."""
     share = LEDGER.share(plan.budget) * (1 - VALUES_SHARE)
     elapsed = time.perf_counter() - plan.clock if plan.clock is not None else 0.0
     taken = plan.wrapper / elapsed if elapsed > 0 else 0.0
