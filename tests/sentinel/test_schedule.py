@@ -63,13 +63,13 @@ def test_a_graph_that_is_a_third_of_its_loop_is_sampled_three_times_as_often(
 def test_the_sampled_checks_take_what_the_wrapper_leaves_of_their_share(clock: Clock) -> None:
     """The budget holds the sentinel's whole cost: checks, reads and the wrapper at every
     call. The wrapper's share comes out of the checks' (three quarters of the budget), down
-    to a sixteenth of it, so a graph whose wrapper alone costs more is still sampled."""
+    to a quarter of it, so a graph whose wrapper alone costs more is still sampled."""
     assert _period(clock, 2e-3) == 256  # 2 ms / (0.75% of 2 ms) = 133 -> 256
     assert _period(clock, 2e-3, wrapper=0.00375) == 512  # half the checks' share left
     assert _period(clock, 2e-3, wrapper=0.005) == 512  # a third left: 400 -> 512
-    assert _period(clock, 2e-3, wrapper=0.007) == 2048  # a fifteenth left: 2,000 -> 2,048
-    assert _period(clock, 2e-3, wrapper=0.0072) == 4096  # under a sixteenth: the floor,
-    assert _period(clock, 2e-3, wrapper=0.05) == 4096  # 2,133 -> 4,096, and no further
+    assert _period(clock, 2e-3, wrapper=0.0055) == 512  # 0.2% left: 500 -> 512
+    assert _period(clock, 2e-3, wrapper=0.006) == 1024  # under a quarter: the floor,
+    assert _period(clock, 2e-3, wrapper=0.05) == 1024  # 533 -> 1,024, and no further
 
 
 def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_part(
