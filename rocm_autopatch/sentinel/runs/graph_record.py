@@ -33,10 +33,10 @@ class GraphRecord:
     period: int = 0  # sampled checks: every period-th call (0: none yet)
     values_stride: int = 1  # magnitudes are read every stride-th call
     sampled_calls: List[int] = dataclasses.field(default_factory=list)  # the last sampled
-    # the checks after the first ones, as a share of the wall time from the first calls to
-    # when the record was last brought up to date (a check, a new shape, a new read
-    # stride); the process's whole share, reads and the wrapper's calls included, is
-    # schedule.LEDGER's
+    # the checks after the first ones and the wrapper at the graph's calls, as a share of
+    # the wall time from the first calls to when the record was last brought up to date (a
+    # check, a new shape, a new read stride); the process's whole share, the reads
+    # included, is schedule.LEDGER's
     budget_spent: float = 0.0
     budget: float = 0.0  # ROCM_AUTOPATCH_VERIFY_BUDGET
     checks_skipped: int = 0  # checks due that could not run (memory...)

@@ -1,6 +1,6 @@
 """What a graph's schedule covered, for the report: its calls, the checks and why they
 ran, the shapes and values checked, the period, the stride and the share of the program's
-time the graph's checks, reads and wrapper took (``runs.graph_record`` holds the fields)."""
+time the graph's checks and wrapper took (``runs.graph_record`` holds the fields)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def of(plan: Schedule) -> Dict[str, Any]:
                                         if x is not None and x.stopped)},
         "period": plan.period, "budget": plan.budget, "values_stride": plan.stride,
         "sampled_calls": list(plan.sampled_calls),
-        # until now (graph_record): checks, reads and the wrapper, as the budget counts them
+        # until now (graph_record): the checks and the wrapper, the two the period answers to
         "budget_spent": share_since(plan.spent + plan.wrapper, plan.clock),
         "checks_skipped": plan.skipped,
         "large_output_checked": plan.large_output_checked,

@@ -145,7 +145,7 @@ class Ledger:
     def spent_share(self) -> float:
         """The sentinel's share of the wall time since the first warm call: its checks, its
         reads and its wrapper at every call (``check.call``). Each graph's checks answer to
-        all three (``checks_share``); its reads to their quarter of the budget."""
+        its wrapper (``checks_share``); its reads to their quarter of the budget."""
         return share_since(self.spent + self.wrapper, self.start)
 
 
