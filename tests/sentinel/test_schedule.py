@@ -68,9 +68,9 @@ def test_the_sampled_checks_take_what_the_wrapper_leaves_of_their_share(clock: C
     assert _period(clock, 2e-3, wrapper=0.00375) == 512  # half the checks' share left
     assert _period(clock, 2e-3, wrapper=0.005) == 512  # a third left: 400 -> 512
     assert _period(clock, 2e-3, wrapper=0.0055) == 512  # 0.2% left: 500 -> 512
-    assert _period(clock, 2e-3, wrapper=0.007) == 1024  # under a quarter: the floor
-    # (2,048 without it),
-    assert _period(clock, 2e-3, wrapper=0.05) == 1024  # 533 -> 1,024, and no further
+    # under a quarter left: the floor's 533 -> 1,024 (2,048 without the floor), no further
+    assert _period(clock, 2e-3, wrapper=0.007) == 1024
+    assert _period(clock, 2e-3, wrapper=0.05) == 1024
 
 
 def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_part(

@@ -365,9 +365,7 @@ def checks_share(plan: Schedule) -> float:
     first calls that the wrapper has taken at the graph's calls (so that checks, reads and
     wrapper together keep to the budget), never under ``CHECKS_FLOOR`` of that part."""
     share = LEDGER.share(plan.budget) * (1 - VALUES_SHARE)
-    elapsed = time.perf_counter() - plan.clock if plan.clock is not None else 0.0
-    taken = plan.wrapper / elapsed if elapsed > 0 else 0.0
-    return max(share - taken, share * CHECKS_FLOOR)
+    return max(share - share_since(plan.wrapper, plan.clock), share * CHECKS_FLOOR)
 
 
 def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
