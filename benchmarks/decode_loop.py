@@ -10,7 +10,7 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
 ``--rounds`` rounds interleaved (off, check, off, check...), each its own process with its
 own empty Inductor cache, ROCm behaviour forced. Each process generates ``--tokens`` new
-tokens three times after one warm-up generation; tokens/s is of those three, and
+tokens ``--generations`` times (3) after one warm-up generation; tokens/s is of those, and
 ``sentinel_share`` is the sentinel's own measure of its share of the wall time (its sampled
 checks, value reads and, since 2026-11-28, its wrapper's time at every call, over the time
 since the first warm call, all graphs).
@@ -91,12 +91,22 @@ with torch.no_grad():
     torch.cuda.synchronize()
     out = {}
     if not bug_at:
+        generations = int(os.environ.get("BENCH_GENERATIONS") or 3)
+        by_generation = []  # each generation's seconds and the sentinel's part of them
         start = time.perf_counter()
-        for _ in range(3):
+        for _ in range(generations):
+            began = time.perf_counter()
+            before = schedule.LEDGER.spent + schedule.LEDGER.wrapper
             generate(tokens)
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            took = time.perf_counter() - began
+            spent = schedule.LEDGER.spent + schedule.LEDGER.wrapper - before
+            by_generation.append([round(took, 3), round(100 * spent / took, 3)])
         seconds = time.perf_counter() - start
-        out["tokens_per_s"] = round(3 * tokens / seconds, 2)
+        out["tokens_per_s"] = round(generations * tokens / seconds, 2)
+        # (seconds, the checks', reads' and wrapper's percent of them) per generation: the
+        # ladder's forced checks fall in the first ones, a long run's steady state after
+        out["share_by_generation"] = by_generation
         out["sentinel_share"] = schedule.LEDGER.spent_share()
         # the share's two parts: checks and reads, and the wrapper at every call
         out["ledger_spent_s"] = round(schedule.LEDGER.spent, 4)
@@ -189,6 +199,10 @@ def main() -> int:
     parser.add_argument("--ladder", default="",
                         help="the check arms' ladder ratio (1.25 by default; 2 as before "
                              "issue 43 item 3), to measure what the ladder costs")
+    parser.add_argument("--generations", type=int, default=3,
+                        help="timed generations per check or off process (after one "
+                             "warm-up); each one's share is reported: a long run's steady "
+                             "state, past the ladder's forced checks")
     parser.add_argument("--json")
     args = parser.parse_args()
     extra = ["op_by_op"] if args.op_by_op else []
@@ -202,7 +216,8 @@ def main() -> int:
             for arm, verify in pairs:
                 variant = ["at_call"] if arm == "check_at_call" else extra
                 got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *variant],
-                              {"ROCM_AUTOPATCH_VERIFY": verify, "BENCH_LADDER": args.ladder},
+                              {"ROCM_AUTOPATCH_VERIFY": verify, "BENCH_LADDER": args.ladder,
+                               "BENCH_GENERATIONS": str(args.generations)},
                               timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)
