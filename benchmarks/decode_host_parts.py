@@ -2,7 +2,7 @@
 43, item 4): what each part of the sentinel costs the program's thread as the program runs
 it, not between synchronisations (``decode_check_profile.py`` times a check's steps apart).
 
-    python benchmarks/decode_host_parts.py [--tokens 256] [--layers 8] [--json PATH]
+    python benchmarks/decode_host_parts.py [--tokens 256] [--layers 8] [--profile] [--json PATH]
 
 The 8-layer Llama of ``decode_loop.py`` (static KV cache, bf16), ``check``, ROCm behaviour
 forced: one generation (the ladder's checks, its deferred verdicts), then three timed ones.
@@ -23,7 +23,7 @@ import json
 from common import DECODE_LLAMA, TIMED_PARTS, meta, run_arm, save
 
 CHILD = r"""
-import json, statistics, sys, time, torch, transformers as t
+import json, os, statistics, sys, time, torch, transformers as t
 tokens, layers = int(sys.argv[1]), int(sys.argv[2])
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
@@ -43,6 +43,26 @@ PARTS = [(check, "call"), (capture, "capturing"), (schedule.Schedule, "due"),
 READS = ("Magnitudes.measure", "crossed", "Integers.read")
 for owner, name in PARTS:
     timed_part(owner, name, f"{getattr(owner, '__name__', '').split('.')[-1]}.{name}")
+profiles = {}  # --profile: the first generation's launches and verdict reads, by function
+if os.environ.get("BENCH_PROFILE"):
+    import cProfile, pstats
+    def profiled(owner, name):
+        inner, prof = getattr(owner, name), cProfile.Profile()
+        profiles[name] = prof
+        def wrapper(*a, **k):
+            prof.enable()
+            try:
+                return inner(*a, **k)
+            finally:
+                prof.disable()
+        setattr(owner, name, wrapper)
+    profiled(pending, "launch")
+    profiled(pending, "resolve")
+def top(prof, n=30):  # (function, calls, own ms, with callees ms), by own time
+    rows = pstats.Stats(prof).stats.items()
+    rows = sorted(rows, key=lambda kv: -kv[1][2])[:n]
+    return [[f"{f[0].split('/site-packages/')[-1]}:{f[1]}:{f[2]}", v[1], round(v[2] * 1e3, 2),
+             round(v[3] * 1e3, 2)] for f, v in rows]
 made = graph_mod.Graph.__init__
 def timed_compiled(self, *a, **k):  # the compiled call alone, to take from the wrapper's
     made(self, *a, **k)
@@ -64,6 +84,9 @@ with torch.no_grad():
     torch.cuda.synchronize()
     first = dict(parts)
     parts.clear()
+    for prof in profiles.values():
+        prof.disable()
+        prof.enable = lambda: None  # the first generation's checks only
     wrapper = schedule.LEDGER.wrapper
     start = time.perf_counter()
     for _ in range(3):
@@ -80,7 +103,8 @@ print(json.dumps({"timed_seconds": round(wall, 3), "wall_ms_per_call": round(wal
                                   "ledger_wrapper": round((schedule.LEDGER.wrapper - wrapper)
                                                           / calls * 1e6, 1)},
                   "sentinel_share": schedule.LEDGER.spent_share(),
-                  "first_generation_ms": summary(first), "timed_ms": summary(parts)}))
+                  "first_generation_ms": summary(first), "timed_ms": summary(parts),
+                  "profile_first_generation": {k: top(v) for k, v in profiles.items()}}))
 """
 
 
@@ -88,10 +112,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the first generation's check launches and verdict "
+                             "reads: each one's 30 costliest functions by their own time")
     parser.add_argument("--json")
     args = parser.parse_args()
     got = run_arm(CHILD, [str(args.tokens), str(args.layers)],
-                  {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=900)
+                  {"ROCM_AUTOPATCH_VERIFY": "check", "BENCH_PROFILE": "1" if args.profile
+                   else ""}, timeout=900)
     import torch
 
     save(args.json, meta(torch, tokens=args.tokens, layers=args.layers), [got])
