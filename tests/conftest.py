@@ -225,11 +225,19 @@ def source_digest() -> str:
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)], check=True,
-                   env=clean_env())
+def wheel() -> Path:
+    """The wheel of this checkout, built once per source digest for all of a run's workers
+    (each pytest-xdist worker is a session of its own: three workers built three)."""
+    out = ROOT / ".cache" / "wheels" / source_digest()[:16]
+    with locked(out):
+        if not list(out.glob("rocm_autopatch-*.whl")):
+            building = out.with_name(out.name + ".part")
+            shutil.rmtree(building, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(building), str(ROOT)],
+                           check=True, env=clean_env())
+            shutil.rmtree(out, ignore_errors=True)
+            building.rename(out)
     (found,) = out.glob("rocm_autopatch-*.whl")
     return found
 
@@ -327,3 +335,24 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Optional[pytest.Item]) 
         with open(TIMELINE, "a") as fh:
             fh.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {start:.1f} "
                      f"{time.time():.1f} {_cpu_seconds() - cpu:.1f} {item.nodeid}\n")
+
+
+# A file: every process a test starts itself (the test, the program and its first
+# arguments, a digest of its environment): the census behind the suite's time (TESTING.md).
+LAUNCHES = os.environ.get("ROCM_AUTOPATCH_TEST_LAUNCHES")
+if LAUNCHES:
+    _popen_init = subprocess.Popen.__init__
+
+    def _logged_init(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+        env = kwargs.get("env") or os.environ
+        key = hashlib.sha1(repr(sorted((k, v) for k, v in env.items()
+                                       if not k.startswith("PYTEST_"))).encode()).hexdigest()
+        argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        with open(LAUNCHES, "a") as fh:
+            fh.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
+                                 "test": os.environ.get("PYTEST_CURRENT_TEST", ""),
+                                 "argv": [Path(argv[0]).name, *[a[:80] for a in argv[1:4]]],
+                                 "env": key[:10], "cwd": str(kwargs.get("cwd"))}) + "\n")
+        _popen_init(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = _logged_init  # type: ignore[method-assign]
