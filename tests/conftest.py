@@ -214,9 +214,10 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def source_digest() -> str:
-    """What the wheel is built from: reinstall when, and only when, this changed."""
+    """What the wheel is built from (README.md is its long description): rebuild and
+    reinstall when, and only when, this changed."""
     digest = hashlib.sha256()
-    files = [ROOT / "pyproject.toml", ROOT / "_rocm_autopatch_start.py",
+    files = [ROOT / "pyproject.toml", ROOT / "README.md", ROOT / "_rocm_autopatch_start.py",
              ROOT / "rocm_autopatch.pth", ROOT / "rocm_autopatch.start",
              *sorted((ROOT / "rocm_autopatch").rglob("*.py"))]
     for file in files:
