@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import resource
@@ -223,10 +224,8 @@ def source_digest() -> str:
     for file in files:
         digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
     try:  # the build backend writes its version into the wheel
-        import importlib.metadata
-
         digest.update(importlib.metadata.version("hatchling").encode())
-    except Exception:  # noqa: BLE001 - not installed here: the files decide alone
+    except importlib.metadata.PackageNotFoundError:  # not here: the files decide alone
         pass
     return digest.hexdigest()
 
