@@ -107,14 +107,17 @@ def child_cwd() -> str:
 def run_arm(code: str, argv: List[str], arm: Dict[str, str], timeout: int,
             fresh_cache: bool = True) -> Dict[str, Any]:
     """``python -c code *argv`` in this environment plus ``arm``, ROCm behaviour forced, with
-    an empty Inductor cache of its own (``fresh_cache``; else the caches ``arm`` names): its
+    an empty Inductor cache of its own and an empty store of the sentinel's remembered rungs
+    (``fresh_cache``; else the caches ``arm`` names): a process with no earlier one. Its
     last stdout line as JSON, or {"error": stderr}."""
     import subprocess
     import sys
 
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "ROCM_AUTOPATCH": "force",
-               **({"TORCHINDUCTOR_CACHE_DIR": cache} if fresh_cache else {}), **arm}
+        fresh = {"TORCHINDUCTOR_CACHE_DIR": cache,
+                 "ROCM_AUTOPATCH_RUNGS": os.path.join(cache, "rungs.json")}
+        env = {**os.environ, "ROCM_AUTOPATCH": "force", **(fresh if fresh_cache else {}),
+               **arm}
         proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
                               text=True, env=env, timeout=timeout, cwd=child_cwd())
     return last_json(proc.stdout, proc.stderr)

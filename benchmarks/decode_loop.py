@@ -4,7 +4,7 @@ an 8-layer Llama in bf16 (random weights, TinyLlama's widths; ``--layers 22`` is
 
     python benchmarks/decode_loop.py [--arms speed,bug,share,ab] [--rounds 2] [--tokens 256]
                                      [--bug-at 40,200] [--bug-modes check,fallback]
-                                     [--layers 8] [--json PATH]
+                                     [--layers 8] [--rungs shared] [--json PATH]
                                      [--op-by-op] [--with-at-call]
 
 ``speed``: arms ``off`` (ROCM_AUTOPATCH_VERIFY unset) and ``check`` (the default budget),
@@ -23,6 +23,10 @@ Each ``check`` process also reports its checks past a graph's first call (``chec
 call, why, the watched inputs' values, passed) and what the ledger's reads cost by kind
 (``ledger_reads``: reads every call, every ``stride`` calls, at a predicted rung).
 ``--ladder 2``: the ladder's rungs 2x apart, as before issue 43 item 3, to see its cost.
+``--rungs shared``: the check processes share one store of remembered rungs
+(``ROCM_AUTOPATCH_RUNGS``, ``sentinel/scheduling/rungs.py``): each after the first starts
+its ladder where the one before stopped. By default each process has its own empty store
+(and Inductor cache): a process with no earlier one.
 
 ``ab``: both arms in one process, which removes the process-to-process spread (the same
 arm moved up to 1.9x between processes on the lent GPUs): two copies of the model with
@@ -46,7 +50,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 from common import DECODE_LLAMA, TIMED_PARTS, meta, run_arm
 
@@ -203,9 +209,17 @@ def main() -> int:
                         help="timed generations per check or off process (after one "
                              "warm-up); each one's share is reported: a long run's steady "
                              "state, past the ladder's forced checks")
+    parser.add_argument("--rungs", default="",
+                        help="`shared`: the check processes share one store of remembered "
+                             "rungs (ROCM_AUTOPATCH_RUNGS), so each after the first starts "
+                             "its ladder where the one before stopped (default: each its "
+                             "own empty store, a process with no earlier one)")
     parser.add_argument("--json")
     args = parser.parse_args()
     extra = ["op_by_op"] if args.op_by_op else []
+    store = tempfile.mkdtemp(prefix="decode-loop-rungs-")
+    rungs = {"ROCM_AUTOPATCH_RUNGS": os.path.join(store, "rungs.json")} \
+        if args.rungs == "shared" else {}
     arms = args.arms.split(",")
     results = []
     if "speed" in arms or "share" in arms:
@@ -217,7 +231,7 @@ def main() -> int:
                 variant = ["at_call"] if arm == "check_at_call" else extra
                 got = run_arm(CHILD, [str(args.tokens), "0", str(args.layers), *variant],
                               {"ROCM_AUTOPATCH_VERIFY": verify, "BENCH_LADDER": args.ladder,
-                               "BENCH_GENERATIONS": str(args.generations)},
+                               "BENCH_GENERATIONS": str(args.generations), **rungs},
                               timeout=900)
                 results.append({"arm": arm, "round": r, **got})
                 print(json.dumps(results[-1]), flush=True)

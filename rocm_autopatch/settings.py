@@ -115,6 +115,7 @@ VERIFY_BUDGET = "ROCM_AUTOPATCH_VERIFY_BUDGET"
 VERIFY_DIR = "ROCM_AUTOPATCH_VERIFY_DIR"
 VERIFY_BISECT = "ROCM_AUTOPATCH_VERIFY_BISECT"
 FIXES = "ROCM_AUTOPATCH_FIXES"
+RUNGS = "ROCM_AUTOPATCH_RUNGS"
 REPORT = "ROCM_AUTOPATCH_REPORT"
 CACHE = "ROCM_AUTOPATCH_CACHE"
 ALLOW_GRAPHS = "ROCM_AUTOPATCH_ALLOW_CUDAGRAPHS"
@@ -179,6 +180,10 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable(FIXES, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/fixes.json`)", "",
              "where fixes found by `bisect` are remembered and read (`off`: neither)",
              "the numerics sentinel, `rocm-autopatch bisect`"),
+    Variable(RUNGS, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/rungs.json`)",
+             "", "where the positions each graph's checks passed are remembered, so that a "
+             "later process starts its ladder there (`off`: neither read nor written)",
+             "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),
     Variable(CACHE, _text, "a directory (unset: torch's defaults)", "",

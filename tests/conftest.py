@@ -97,6 +97,9 @@ def clean_env(**extra: str) -> Dict[str, str]:
     env["XDG_CACHE_HOME"] = CACHE_HOME
     # A test that falls back does not start a bisection at exit unless it asks for one.
     env["ROCM_AUTOPATCH_VERIFY_BISECT"] = "0"
+    # Nor does it start its graphs' ladders at rungs another test's process passed (one
+    # cache directory serves a worker's tests): only the tests of the store ask for one.
+    env["ROCM_AUTOPATCH_RUNGS"] = "off"
     # Inductor's first CPU compile in a process builds a probe library per vector ISA the CPU
     # names and loads each in a child Python (torch/_inductor/cpu_vec_isa.py, _probe_load):
     # ~1.7 CPU s of a small compile's 6.4 (tests/guards: 229 CPU s against 241). Set,

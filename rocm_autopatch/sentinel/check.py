@@ -25,7 +25,7 @@ from rocm_autopatch.sentinel.healing import alarm
 from rocm_autopatch.sentinel.judging.status import FAILED, PASSED, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import backward, footprint, memory, numerics, snapshot
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
-from rocm_autopatch.sentinel.scheduling import coverage, integers, schedule
+from rocm_autopatch.sentinel.scheduling import coverage, integers, rungs, schedule
 
 
 class Check:
@@ -128,6 +128,8 @@ class Check:
         plan = self.graph.schedule
         if plan.magnitudes is None:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
+            rungs.recall(plan, self.graph.gm, self.flat[:self.count], self.graph.healed,
+                         self.graph.entry)
         need = self.need = footprint.reference_bytes(
             self.analysis.footprint,
             snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))

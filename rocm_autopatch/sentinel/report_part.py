@@ -135,7 +135,7 @@ def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "graph": key[0], "where": key[1], "processes": [], "statuses": {},
                 "calls": 0, "calls_checked": 0, "sampled": 0, "shapes_seen": 0,
                 "shapes_checked": 0, "dynamic": False, "largest_checked": None,
-                "unverified_calls": 0})
+                "remembered": None, "unverified_calls": 0})
             slot["processes"].append(view.label(report))
             state = str(g.get("status", "?"))
             slot["statuses"][state] = slot["statuses"].get(state, 0) + 1
@@ -154,6 +154,10 @@ def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             largest = values.get("largest_checked")
             if isinstance(largest, (int, float)):
                 slot["largest_checked"] = max(largest, slot["largest_checked"] or 0.0)
+            remembered = values.get("remembered")  # rungs an earlier process passed
+            if isinstance(remembered, dict) and remembered and not slot["remembered"]:
+                slot["remembered"] = {str(k): v for k, v in remembered.items()
+                                      if isinstance(v, (int, float))}
     return list(merged.values())
 
 
@@ -201,6 +205,9 @@ def lines(job: Dict[str, Any]) -> List[str]:
         out += ["", "Numerics coverage (per graph, all processes: shapes, calls checked)"]
         for c in job["coverage"][:COVERAGE_LINES]:
             out.append(f"  {coverage_line(c)}")
+            if c.get("remembered"):  # where ``sentinel.scheduling.rungs`` started its ladder
+                out.append("      its ladder started at an earlier process's rungs: " + ", ".join(
+                    f"input {i} at {v:,.0f}" for i, v in sorted(c["remembered"].items())))
             out.append(Verbatim(f"      {c['where']}"))
         if len(job["coverage"]) > COVERAGE_LINES:
             out.append(f"  ... {len(job['coverage']) - COVERAGE_LINES} more graphs "

@@ -52,6 +52,7 @@ from rocm_autopatch.sentinel.judging.status import (
 from rocm_autopatch.sentinel.runs import memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph, busy, label
 from rocm_autopatch.sentinel.runs.graph_record import section
+from rocm_autopatch.sentinel.scheduling import rungs
 
 ENV = settings.VERIFY
 _lock = threading.RLock()
@@ -244,6 +245,7 @@ def say_verdict() -> None:
     ``fallback`` the background bisection of the graphs that fell back."""
     try:
         pending.settle_all()  # the verdicts still pending first (also run by the report)
+        rungs.keep()  # then the rungs of the graphs that passed, for the next process
         if sum(section()["totals"].values()):
             log.notice(verdict())
         info, limit = section(), alarm.bisect_limit()

@@ -296,6 +296,35 @@ def test_small_integers_are_read_every_call_only_where_it_fits_the_budget(
     assert coverage.of(fast)["values"]["read_every_call"] == []
 
 
+def test_reads_that_do_not_fit_stop_at_the_first_cost_measured_after_the_choice(
+        clock: Clock) -> None:
+    """A position and a token id read every call at 110 us (an H200 host's reads, against a
+    quarter of 1% of 4.4 ms, 11 us): once nine reads chose the position alone, its read is
+    timed once more and the reads stop there, not at the next multiple of 64 calls (an H200
+    process read 65 calls, 7-9 ms, for this)."""
+    schedule.LEDGER.__init__()
+    start = [torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]
+    plan = schedule.Schedule(1, 0.01, [])
+    reader = integers.followed(start, [0, 1])
+    cost, reads = reader.follow, []
+
+    def timed(flat: List[Any], call: int) -> Any:
+        clock.now += 110e-6
+        reads.append(call)
+        return cost(flat, call)
+
+    reader.follow = timed  # type: ignore[method-assign]
+    schedule.follow(plan, reader, magnitudes.Magnitudes([0, 1], (0, 1)))
+    for position in range(16, 16 + 200):
+        flat = [torch.tensor([position]), torch.tensor([(7 * position) % 31])]
+        why = plan.due(flat)
+        if why is not None:
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4.4e-3, 4.4e-3, [])
+        clock.now += 4.4e-3
+    assert reader.decided and reader.indices == (0,) and not reader.every_call
+    assert max(reads) <= 14 and reader.gated, reads  # chosen at the 9th read, timed at the 10th
+
+
 def test_when_reads_every_call_stop_the_next_rungs_are_predicted_from_them(
         clock: Clock) -> None:
     """A decode loop whose steps are too short for a read every call (20 us against a
@@ -407,20 +436,26 @@ def test_a_dynamic_integer_that_doubles_is_a_new_size_class() -> None:
     assert [schedule._size_class(n) for n in (1, 2, 3, 4, 255, 256)] == [1, 2, 2, 3, 8, 9]
 
 
-def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good(
-        clock: Clock) -> None:
-    """The first read of magnitudes costs 1,000x the later ones (pinned memory, kernels):
-    the stride at most doubles per read, so later reads are measured and bring it back."""
-    costs = iter([1e-3] + [1e-6] * 300)
+def _reading(clock: Clock, costs: List[float], call_seconds: float) -> schedule.Schedule:
+    """A graph's schedule whose magnitudes' reads cost ``costs`` in turn on ``clock``."""
+    taken = iter(costs)
 
     class Reads(magnitudes.Magnitudes):
         def measure(self, flat: List[Any], call: int = 0) -> Any:
-            clock.now += next(costs)
+            clock.now += next(taken)
             return {}
 
     plan = schedule.Schedule(1, 0.01, [])
     plan.magnitudes = Reads([0])
-    plan.call_seconds = 1e-3
+    plan.call_seconds = call_seconds
+    return plan
+
+
+def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good(
+        clock: Clock) -> None:
+    """The first read of magnitudes costs 1,000x the later ones (pinned memory, kernels):
+    the stride at most doubles per read, so later reads are measured and bring it back."""
+    plan = _reading(clock, [1e-3] + [1e-6] * 300, 1e-3)
     strides = []
     for _ in range(200):
         plan.due([torch.ones(1)])
@@ -428,6 +463,24 @@ def test_a_first_read_that_pays_one_time_costs_does_not_space_the_reads_for_good
         strides.append(plan.stride)
     # 1 ms against 0.25% of 1 ms a call would be a stride of 512; it went 2, then back to 1
     assert max(strides) == 2 and strides[-1] == 1, strides[:10]
+
+
+def test_the_reads_stride_answers_to_what_reads_cost_not_to_the_cheapest_one(
+        clock: Clock) -> None:
+    """Reads of 0.3 ms with one of 0.05 ms among them (an H200 host's reads varied so; the
+    stride was set by the cheapest, and the reads took 0.3% of a decode loop where their
+    quarter of a 0.5% part was 0.125%): the stride follows the typical read, and the reads
+    keep to their quarter of the budget."""
+    schedule.LEDGER.__init__()
+    plan = _reading(clock, [0.3e-3, 0.05e-3] + [0.3e-3] * 10_000, 4e-3)
+    began = clock.now
+    for _ in range(4000):
+        plan.due([torch.ones(1)])
+        clock.now += 4e-3
+    # 0.3 ms against a quarter of 1% of a 4 ms call (10 us): every 30 calls, so 32 (the
+    # cheapest read would have made it 8)
+    assert plan.stride == 32, plan.stride
+    assert schedule.LEDGER.spent / (clock.now - began) <= 0.0025 * 1.2
 
 
 def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> None:

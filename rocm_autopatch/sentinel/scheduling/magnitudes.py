@@ -37,6 +37,7 @@ class Magnitudes:
         self.reading_from = 0  # the call the copy in flight was queued at
         self.ready_from = 0  # the call whose values ``measure`` returned last (a maximum
         # over the calls folded since the copy before: a growing value's at that call)
+        self.costs: List[float] = []  # the last reads' seconds (``schedule`` sets the stride)
 
     def now(self, flat: List[Any]) -> Dict[int, float]:
         """This call's values, waiting for them (a call that is checked synchronises)."""
