@@ -279,12 +279,10 @@ class Schedule:
         return SAMPLED
 
     def _costs(self, seconds: float) -> None:
-        """The reduction's cost (the lower median of the last eight reads: what it costs
-        once warm) sets ``stride``, which at most doubles per read: a first read that pays
-        one-time costs (pinned memory allocated, kernels loaded; on an H200 it spaced a
-        decode loop's reads 2,048 calls apart) would otherwise leave no cheaper read ever
-        measured. (The cheapest read, used before, was half what reads cost on an H200's
-        host: its reads took 0.3% of a decode loop's time against their 0.125%.)"""
+        """The reduction's cost (the lower median of the last eight reads; the cheapest,
+        used before, was half a typical read on an H200's host) sets ``stride``, which at
+        most doubles per read: a first read that pays one-time costs (pinned memory, kernels
+        loaded) would otherwise space the reads for good (2,048 calls on an H200)."""
         self.magnitudes.costs = (self.magnitudes.costs + [seconds])[-8:]
         self.measure_seconds = lower_median(self.magnitudes.costs)
         LEDGER.spent += seconds
