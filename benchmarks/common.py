@@ -123,6 +123,23 @@ def run_arm(code: str, argv: List[str], arm: Dict[str, str], timeout: int,
     return last_json(proc.stdout, proc.stderr)
 
 
+def rungs_store(mode: str) -> Dict[str, str]:
+    """``--rungs shared``: one store of the sentinel's remembered rungs for all the
+    processes a benchmark starts (``ROCM_AUTOPATCH_RUNGS``), so that each after the first
+    starts its graphs' ladders where the one before stopped; else {} (``run_arm`` gives each
+    process an empty store of its own)."""
+    if mode != "shared":
+        return {}
+    return {"ROCM_AUTOPATCH_RUNGS": os.path.join(tempfile.mkdtemp(prefix="rungs-"),
+                                                 "rungs.json")}
+
+
+RUNGS_HELP = ("`shared`: the check processes share one store of remembered rungs "
+              "(ROCM_AUTOPATCH_RUNGS), so each after the first starts its ladder where the "
+              "one before stopped (default: each its own empty store, a process with no "
+              "earlier one)")
+
+
 def last_json(stdout: str, stderr: str) -> Dict[str, Any]:
     """A child's result: its last stdout line as JSON, or {"error": its stderr's end}."""
     try:

@@ -50,11 +50,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
-from common import DECODE_LLAMA, TIMED_PARTS, meta, run_arm
+from common import DECODE_LLAMA, RUNGS_HELP, TIMED_PARTS, meta, run_arm, rungs_store
 
 CHILD = r"""
 import json, math, sys, time, torch, transformers as t
@@ -209,17 +207,11 @@ def main() -> int:
                         help="timed generations per check or off process (after one "
                              "warm-up); each one's share is reported: a long run's steady "
                              "state, past the ladder's forced checks")
-    parser.add_argument("--rungs", default="",
-                        help="`shared`: the check processes share one store of remembered "
-                             "rungs (ROCM_AUTOPATCH_RUNGS), so each after the first starts "
-                             "its ladder where the one before stopped (default: each its "
-                             "own empty store, a process with no earlier one)")
+    parser.add_argument("--rungs", default="", help=RUNGS_HELP)
     parser.add_argument("--json")
     args = parser.parse_args()
     extra = ["op_by_op"] if args.op_by_op else []
-    store = tempfile.mkdtemp(prefix="decode-loop-rungs-")
-    rungs = {"ROCM_AUTOPATCH_RUNGS": os.path.join(store, "rungs.json")} \
-        if args.rungs == "shared" else {}
+    rungs = rungs_store(args.rungs)
     arms = args.arms.split(",")
     results = []
     if "speed" in arms or "share" in arms:

@@ -4,7 +4,8 @@ GPU, its forward compiled, transformers' static-cache ``generate``: a ``--prompt
 prompt and ``--tokens`` new tokens, once to warm up and ``--rounds`` times timed.
 
     python benchmarks/llama8b_check.py [--arms off,check,check_op_by_op] [--prompt 2048]
-                                       [--tokens 256] [--rounds 2] [--json PATH]
+                                       [--tokens 256] [--rounds 2] [--rungs shared]
+                                       [--json PATH]
 
 Each arm its own process (ROCm behaviour forced, an empty Inductor cache of its own).
 Reported per arm: tokens/s of the timed generations (prefill included), torch's own peak
@@ -12,7 +13,8 @@ of allocated memory over the whole run, the sentinel's share of the wall time, a
 graph's verdict, checks and how its references ran (or why it was not checked), and each
 check's cost to the program beyond its call (``check_costs_ms``: what the ledger counts,
 the first of each graph outside the budget). ``check_op_by_op``: the references never
-captured as a device graph.
+captured as a device graph. ``--rungs shared``: the arms' processes share one store of
+remembered rungs (``--arms check,check``: a first process, then one that follows it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import argparse
 import json
 import sys
 
-from common import meta, run_arm
+from common import RUNGS_HELP, meta, run_arm, rungs_store
 
 CHILD = r"""
 import json, sys, time, torch, transformers as t
@@ -93,14 +95,17 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rungs", default="", help=RUNGS_HELP)
     parser.add_argument("--json")
     args = parser.parse_args()
+    rungs = rungs_store(args.rungs)
     results = []
     for arm in args.arms.split(","):
         verify = {"off": "", "check_op_by_op": "check"}.get(arm, arm)
         extra = ["op_by_op"] if arm == "check_op_by_op" else []
         got = run_arm(CHILD, [str(args.prompt), str(args.tokens), str(args.rounds), *extra],
-                      {"ROCM_AUTOPATCH_VERIFY": verify, "ROCM_AUTOPATCH_VERIFY_DIR": "off"},
+                      {"ROCM_AUTOPATCH_VERIFY": verify, "ROCM_AUTOPATCH_VERIFY_DIR": "off",
+                       **rungs},
                       timeout=1200)
         results.append({"arm": arm, **got})
         print(json.dumps(results[-1]), flush=True)
