@@ -124,20 +124,23 @@ def run_arm(code: str, argv: List[str], arm: Dict[str, str], timeout: int,
 
 
 def rungs_store(mode: str) -> Dict[str, str]:
-    """``--rungs shared``: one store of the sentinel's remembered rungs for all the
-    processes a benchmark starts (``ROCM_AUTOPATCH_RUNGS``), so that each after the first
-    starts its graphs' ladders where the one before stopped; else {} (``run_arm`` gives each
-    process an empty store of its own)."""
+    """``--rungs shared``: one store of the sentinel's remembered rungs and one Inductor
+    cache for all the processes a benchmark starts (``ROCM_AUTOPATCH_RUNGS``; rungs are
+    kept per cache directory, where the kernels' benchmarked configurations are), so that
+    each after the first starts its graphs' ladders where the one before stopped, as a
+    user's next process on one machine does; else {} (``run_arm`` gives each process an
+    empty store and cache of its own)."""
     if mode != "shared":
         return {}
-    return {"ROCM_AUTOPATCH_RUNGS": os.path.join(tempfile.mkdtemp(prefix="rungs-"),
-                                                 "rungs.json")}
+    shared = tempfile.mkdtemp(prefix="rungs-")  # left for the benchmark's life, like /tmp's
+    return {"ROCM_AUTOPATCH_RUNGS": os.path.join(shared, "rungs.json"),
+            "TORCHINDUCTOR_CACHE_DIR": os.path.join(shared, "inductor")}
 
 
 RUNGS_HELP = ("`shared`: the check processes share one store of remembered rungs "
-              "(ROCM_AUTOPATCH_RUNGS), so each after the first starts its ladder where the "
-              "one before stopped (default: each its own empty store, a process with no "
-              "earlier one)")
+              "(ROCM_AUTOPATCH_RUNGS) and one Inductor cache, so each after the first starts "
+              "its ladder where the one before stopped (default: each its own empty store "
+              "and cache, a process with no earlier one)")
 
 
 def last_json(stdout: str, stderr: str) -> Dict[str, Any]:

@@ -24,9 +24,10 @@ call, why, the watched inputs' values, passed) and what the ledger's reads cost 
 (``ledger_reads``: reads every call, every ``stride`` calls, at a predicted rung).
 ``--ladder 2``: the ladder's rungs 2x apart, as before issue 43 item 3, to see its cost.
 ``--rungs shared``: the check processes share one store of remembered rungs
-(``ROCM_AUTOPATCH_RUNGS``, ``sentinel/scheduling/rungs.py``): each after the first starts
-its ladder where the one before stopped. By default each process has its own empty store
-(and Inductor cache): a process with no earlier one.
+(``ROCM_AUTOPATCH_RUNGS``, ``sentinel/scheduling/rungs.py``) and one Inductor cache (rungs
+are kept per cache directory): each after the first starts its ladder where the one before
+stopped. By default each process has its own empty store and Inductor cache: a process
+with no earlier one.
 
 ``ab``: both arms in one process, which removes the process-to-process spread (the same
 arm moved up to 1.9x between processes on the lent GPUs): two copies of the model with

@@ -116,7 +116,7 @@ def main() -> None:
     with open(os.path.join(inject, "sitecustomize.py"), "w") as fh:
         fh.write(SITECUSTOMIZE)
     ours = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback",
-            "ROCM_AUTOPATCH_VERIFY_BISECT": "0",
+            "ROCM_AUTOPATCH_VERIFY_BISECT": "0", "ROCM_AUTOPATCH_RUNGS": "off",
             "ROCM_AUTOPATCH_VERIFY_DIR": os.path.join(work, "repros"),
             "ROCM_AUTOPATCH_FIXES": os.path.join(work, "fixes.json"),
             "TORCHINDUCTOR_CACHE_DIR": os.path.join(work, "inductor")}

@@ -32,6 +32,7 @@ from typing import Any, Dict, List
 os.environ.setdefault("ROCM_AUTOPATCH", "force")
 os.environ.setdefault("ROCM_AUTOPATCH_VERIFY", "check")
 os.environ.setdefault("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+os.environ.setdefault("ROCM_AUTOPATCH_RUNGS", "off")  # no rungs of an earlier run
 
 MODELS = ("mixtral", "qwen2_moe", "deepseek_v3")
 

@@ -27,7 +27,8 @@ import time
 from typing import Any, Dict, List
 
 FORCED = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
-          "ROCM_AUTOPATCH_VERIFY_DIR": "off", "ROCM_AUTOPATCH_VERIFY_BISECT": "0"}
+          "ROCM_AUTOPATCH_VERIFY_DIR": "off", "ROCM_AUTOPATCH_VERIFY_BISECT": "0",
+          "ROCM_AUTOPATCH_RUNGS": "off"}  # no rungs of an earlier run
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:

@@ -234,7 +234,8 @@ def run(case: Dict[str, Any]) -> Dict[str, Any]:
     # No Inductor cache: its key does not cover the decomposition table, so a graph compiled
     # with one injected bug would be served to the next case, with another or none.
     env = {**os.environ, "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
-           "TOKENIZERS_PARALLELISM": "false", "INDUCTOR_FORCE_DISABLE_CACHES": "1"}
+           "TOKENIZERS_PARALLELISM": "false", "INDUCTOR_FORCE_DISABLE_CACHES": "1",
+           "ROCM_AUTOPATCH_RUNGS": "off"}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(case)], capture_output=True,
                           text=True, env=env, timeout=900)

@@ -243,7 +243,7 @@ def job(arm: str, steps: int, limit: int = LIMIT, **env: str) -> Dict[str, Any]:
             if not k.startswith(("ROCM_AUTOPATCH", "TORCHINDUCTOR_", "INDUCTOR_", "TWO_GPU"))}
     folder = tempfile.mkdtemp(prefix="ranks-")
     full = {**ours, "ROCM_AUTOPATCH": "force", "PYTHONUNBUFFERED": "1", "TWO_GPU_OUT": folder,
-            **env}
+            "ROCM_AUTOPATCH_RUNGS": "off", **env}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", HERE, "--worker", arm, "--steps", str(steps)]
     began = time.perf_counter()

@@ -107,7 +107,8 @@ VERIFY = {"compiled": None, "check": "check", "bug-unpatched": None, "bug-check"
 
 
 def run(model: str, arm: str, warmup: int, iters: int) -> dict:
-    env = child_env(ROCM_AUTOPATCH="force", TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp())
+    env = child_env(ROCM_AUTOPATCH="force", TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(),
+                    ROCM_AUTOPATCH_RUNGS="off")
     if VERIFY[arm]:
         env["ROCM_AUTOPATCH_VERIFY"] = VERIFY[arm]
     proc = subprocess.run([sys.executable, "-c", CHILD, model, arm, str(warmup), str(iters)],

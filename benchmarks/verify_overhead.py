@@ -53,7 +53,7 @@ print(json.dumps({"us_per_call": through_dynamo,
                   "verify": (rocm_autopatch.report().verify or {}).get("totals")}))
 """
 
-ARMS = {"compiled": {}, "check": {"ROCM_AUTOPATCH_VERIFY": "check"}}
+ARMS = {"compiled": {}, "check": {"ROCM_AUTOPATCH_VERIFY": "check", "ROCM_AUTOPATCH_RUNGS": "off"}}
 
 
 def main() -> None:

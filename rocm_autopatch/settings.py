@@ -181,8 +181,9 @@ VARIABLES: Tuple[Variable, ...] = (
              "where fixes found by `bisect` are remembered and read (`off`: neither)",
              "the numerics sentinel, `rocm-autopatch bisect`"),
     Variable(RUNGS, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/rungs.json`)",
-             "", "where the positions each graph's checks passed are remembered, so that a "
-             "later process starts its ladder there (`off`: neither read nor written)",
+             "", "where the largest integer inputs (positions, token ids) at which each "
+             "graph's checks passed are remembered, so that a later process starts its "
+             "ladder there (`off`: neither read nor written)",
              "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),

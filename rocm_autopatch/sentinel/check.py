@@ -128,8 +128,7 @@ class Check:
         plan = self.graph.schedule
         if plan.magnitudes is None:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
-            rungs.recall(plan, self.graph.gm, self.flat[:self.count], self.graph.healed,
-                         self.graph.entry)
+            rungs.recall(self.graph, self.flat[:self.count], plan.dynamic)
         need = self.need = footprint.reference_bytes(
             self.analysis.footprint,
             snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
@@ -221,6 +220,7 @@ class Check:
         if not passed:
             return alarm.raise_alarm(graph, None, outputs, self.why, self.flat, self.pre,
                                      self.res, grad, "backward")
+        rungs.passed(graph, self.values)
         if graph.entry["status"] in (PENDING, SKIPPED):
             graph.settle(PASSED)
         return self.res

@@ -22,7 +22,7 @@ from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.judging.status import PASSED, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import deferred, memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph, busy
-from rocm_autopatch.sentinel.scheduling import coverage, schedule
+from rocm_autopatch.sentinel.scheduling import coverage, rungs, schedule
 
 
 def launch(self: Any) -> bool:
@@ -104,6 +104,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
             graph.entry["calls_checked"] += 1
             graph.entry["checks_read_later"] += 1
         if not bad:
+            rungs.passed(graph, self.values)
             if graph.entry["status"] in (PENDING, SKIPPED):
                 graph.settle(PASSED)
             return

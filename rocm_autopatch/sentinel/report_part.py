@@ -206,8 +206,8 @@ def lines(job: Dict[str, Any]) -> List[str]:
         for c in job["coverage"][:COVERAGE_LINES]:
             out.append(f"  {coverage_line(c)}")
             if c.get("remembered"):  # where ``sentinel.scheduling.rungs`` started its ladder
-                out.append("      its ladder started at an earlier process's rungs: " + ", ".join(
-                    f"input {i} at {v:,.0f}" for i, v in sorted(c["remembered"].items())))
+                out.append("      started where an earlier process's checks passed: " + ", ".join(
+                    f"{name} at {v:,.0f}" for name, v in c["remembered"].items()))
             out.append(Verbatim(f"      {c['where']}"))
         if len(job["coverage"]) > COVERAGE_LINES:
             out.append(f"  ... {len(job['coverage']) - COVERAGE_LINES} more graphs "

@@ -105,6 +105,7 @@ def wrap_compile_fx(original: Any, how: str, checks: int, share: float) -> Any:
         if healed:
             graph.healed = fix
             graph.note(healed=healed)
+        rungs.at_compile(graph, kwargs.get("config_patches"))
         talks = numerics.communicates(gm)
         if talks:  # decided from the graph alone: the same on every rank
             graph.finish(SKIPPED, numerics.not_compared(talks))
@@ -241,11 +242,11 @@ def verdict() -> str:
 
 
 def say_verdict() -> None:
-    """At exit: the verdict line (a process that compiled nothing says nothing), and under
-    ``fallback`` the background bisection of the graphs that fell back."""
+    """At exit: the verdict line (a process that compiled nothing says nothing), under
+    ``fallback`` the background bisection of the graphs that fell back, then the rungs the
+    graphs' checks passed, for the next process (``scheduling.rungs``)."""
     try:
         pending.settle_all()  # the verdicts still pending first (also run by the report)
-        rungs.keep()  # then the rungs of the graphs that passed, for the next process
         if sum(section()["totals"].values()):
             log.notice(verdict())
         info, limit = section(), alarm.bisect_limit()
@@ -255,4 +256,5 @@ def say_verdict() -> None:
                     entry["bisect"] = background.start(entry["repro"], limit)
     except Exception:  # noqa: BLE001 - never at exit
         pass
+    rungs.keep()  # last: the rungs of the graphs that passed, for the next process
 

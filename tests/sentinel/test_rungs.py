@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Venv, clean_env, named_in_cache_key
+from conftest import Venv, clean_env, named_in_cache_key, rank_lines
 
 # A decode-like step: a position (an integer tensor, as transformers' cache_position) that
 # grows from 16 to END; wrong past position 100 where BUG is.
@@ -66,13 +66,14 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
 
     report = tmp_path / "report.json"  # the same positions: no rung left to check
     again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report))
-    assert again["values"]["remembered"] == {position: largest}, again
+    (name,) = again["values"]["remembered"]  # by the graph's name for the input
+    assert "pos" in name and again["values"]["remembered"][name] == largest, again
     assert again["checked_because"] == {"first": 1, "shape": 0, "values": 0, "sampled": 0}
     doctor = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor",
                              "--report", str(report)], capture_output=True, text=True,
                             env=clean_env(), timeout=120)
-    assert ("      its ladder started at an earlier process's rungs: "
-            f"input {position} at {largest:,.0f}\n") in doctor.stdout, doctor.stdout
+    assert ("      started where an earlier process's checks passed: "
+            f"{name} at {largest:,.0f}\n") in doctor.stdout, doctor.stdout
 
     further, _ = _run(torch_venv, store, 400)  # past 1.25 times the remembered rung: one
     assert further["checked_because"]["values"] == 1, further
@@ -85,6 +86,49 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     assert rank["checked_because"]["values"] == climbed
 
 
+RANKS = r'''
+import json, os, torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+w = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) / 8
+f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dynamic=False)
+x = torch.rand(4, 64, generator=torch.Generator().manual_seed(0)) * 0.01
+import rocm_autopatch
+for i in range(16, 300):
+    f(x, torch.tensor(i, dtype=torch.int64))
+(g,) = rocm_autopatch.report().verify["graphs"]
+print(json.dumps({"rank": dist.get_rank(), **g}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.heavy(30)
+def test_the_ranks_of_a_job_read_no_rung_and_climb_alike(torch_venv: Venv,
+                                                          tmp_path: Path) -> None:
+    """A real 2-rank torchrun job (gloo, the CPU) whose graph an earlier single process
+    left rungs for: neither rank reads them (a rank reading the file after another job's
+    exit would decide apart), and both climb the same ladder as that process did."""
+    store = tmp_path / "rungs.json"
+    alone, _ = _run(torch_venv, store, 300)
+    assert _stored(store) and alone["checked_because"]["values"] >= 10, alone
+    job = tmp_path / "ranks.py"
+    job.write_text(RANKS)
+    proc = torch_venv.torchrun("--standalone", "--nproc-per-node", "2", str(job),
+                               cwd=str(tmp_path), timeout=300, env={
+                                   "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
+                                   "ROCM_AUTOPATCH_VERIFY_BUDGET": "0",
+                                   "ROCM_AUTOPATCH_RUNGS": str(store)})
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
+    ranks = rank_lines(proc.stdout)
+    assert [r["rank"] for r in ranks] == [0, 1], proc.stdout[-2000:]
+    for r in ranks:
+        assert r["status"] == "passed" and r["values"]["remembered"] == {}, r
+        assert r["checked_because"] == alone["checked_because"], (r, alone)
+    # The ranks kept their rungs under the single process's key: had they read, they would
+    # have found them (the rule, not another key, kept them from it)
+    assert _stored(store)
+
+
 @pytest.mark.heavy(15)
 def test_a_graph_found_wrong_keeps_no_rung_and_a_damaged_store_warns_once(
         torch_venv: Venv, tmp_path: Path) -> None:
@@ -94,13 +138,14 @@ def test_a_graph_found_wrong_keeps_no_rung_and_a_damaged_store_warns_once(
     assert g["status"] == "failed" and g["found_because"] == "values", g
     assert g["found_at_call"] + 15 <= 1.25 * 100, g  # position = call + 15; by 1.25p
     assert stderr.count(f"ROCM_AUTOPATCH_RUNGS: {store} could not be read") == 1, stderr
-    assert store.read_text() == "{not json"  # nothing to keep: the file left as it was
+    # the graph found wrong removed its key: the damaged file is written anew, empty
+    assert json.loads(store.read_text())["graphs"] == {}
 
     off, _ = _run(torch_venv, tmp_path / "unused.json", 300, ROCM_AUTOPATCH_RUNGS="off")
     assert off["values"]["remembered"] == {} and not (tmp_path / "unused.json").exists()
 
 
-# ---- the key (in this process) -------------------------------------------------------------
+# ---- the key and the store (in this process) ------------------------------------------
 
 @pytest.fixture
 def traced() -> tuple:
@@ -109,31 +154,35 @@ def traced() -> tuple:
 
 
 @pytest.mark.fast
-def test_the_key_follows_the_graph_its_inputs_and_the_fix_and_not_the_process(
+def test_the_key_follows_the_compile_the_graph_and_its_inputs_not_the_process(
         traced: tuple) -> None:
     from rocm_autopatch.sentinel.scheduling import rungs
 
     gm, flat = traced
-    key = rungs.graph_key(gm, flat, None)
-    assert key is not None and key == rungs.graph_key(gm, list(flat), None)
-    assert rungs.graph_key(gm, [torch.ones(4, 9), flat[1]], None) != key
-    assert rungs.graph_key(gm, flat, {"change": {"kind": "skip"}}) != key
-    with torch._inductor.config.patch(max_fusion_size=7):
-        assert rungs.graph_key(gm, flat, None) != key  # another setting: other code
+    part = rungs._compile_part({}, None)
+    assert part is not None and part == rungs._compile_part({}, None)
+    key = rungs._key(part, gm, flat, [])
+    assert key == rungs._key(part, gm, list(flat), [])
+    assert rungs._key(part, gm, [torch.ones(4, 9), flat[1]], []) != key  # another shape
+    # a dynamic input: one key for all its shapes
+    assert rungs._key(part, gm, [torch.ones(4, 9), flat[1]], [0]) == rungs._key(
+        part, gm, flat, [0])
+    assert rungs._compile_part({}, {"change": {"kind": "skip"}}) != part  # a fix
+    assert rungs._compile_part({"max_fusion_size": 7}, None) != part  # torch.compile options
+    with torch.no_grad():
+        assert rungs._compile_part({}, None) != part  # an inference compile
+    assert rungs._compile_part({"compile_threads": 1}, None) == part  # how, not what
 
 
 @pytest.mark.fast
-def test_no_key_where_kernels_are_tuned_or_a_pass_cannot_be_named(traced: tuple) -> None:
-    from torch._inductor import config
-
+def test_no_key_where_kernels_are_tuned_caches_are_off_or_a_pass_cannot_be_named() -> None:
     from rocm_autopatch.sentinel.scheduling import rungs
 
-    gm, flat = traced
     for name in rungs.TUNED:
-        with config.patch(**{name: True}):
-            assert rungs.graph_key(gm, flat, None) is None, name
-    with config.patch(post_grad_custom_post_pass=lambda graph: None):
-        assert rungs.graph_key(gm, flat, None) is None  # a pass without torch's uuid
+        assert rungs._compile_part({name: True}, None) is None, name
+    assert rungs._compile_part({"force_disable_caches": True}, None) is None
+    # a pass without torch's uuid
+    assert rungs._compile_part({"post_grad_custom_post_pass": lambda g: None}, None) is None
     custom = pytest.importorskip("torch._inductor.custom_graph_pass")
 
     class Named(custom.CustomGraphPass):
@@ -143,16 +192,45 @@ def test_no_key_where_kernels_are_tuned_or_a_pass_cannot_be_named(traced: tuple)
         def uuid(self) -> str:
             return "named"
 
-    with config.patch(post_grad_custom_post_pass=Named()):
-        named = rungs.graph_key(gm, flat, None)
-    assert named is not None and named != rungs.graph_key(gm, flat, None)
+    named = rungs._compile_part({"post_grad_custom_post_pass": Named()}, None)
+    assert named is not None and named != rungs._compile_part({}, None)
+
+
+class _Graph:
+    """What ``rungs.keep`` reads of a watched graph at exit: its record's status, a
+    deferred verdict that differed unconfirmed (``confirm``), one still unread."""
+
+    def __init__(self, status: str, confirm: int = 0) -> None:
+        self.entry, self.confirm, self.pending = {"status": status}, confirm, None
 
 
 @pytest.mark.fast
-def test_one_rank_of_several_is_told_by_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rocm_autopatch.sentinel.scheduling import rungs
 
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert not rungs.one_of_several_ranks()
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    assert rungs.one_of_several_ranks()
+    store = tmp_path / "rungs.json"
+    monkeypatch.setenv("ROCM_AUTOPATCH_RUNGS", str(store))
+    monkeypatch.setattr(rungs, "_KEPT", [])
+
+    def kept(graph: _Graph, key: str) -> rungs.Kept:
+        graph.rungs = rungs.Kept(graph, "compiled")
+        graph.rungs.key, graph.rungs.integer = key, frozenset({2})
+        rungs._KEPT.append(graph.rungs)
+        return graph
+
+    healthy, wrong = kept(_Graph("passed"), "k1"), kept(_Graph("failed"), "k1")
+    unread, checked = kept(_Graph("passed", confirm=40), "k2"), kept(_Graph("passed"), "k3")
+    launched = kept(_Graph("passed"), "k4")  # its checks launched, no verdict read
+    for graph in (healthy, wrong, unread, checked):
+        rungs.passed(graph, {2: 120.0, 0: 5.0})  # 0: not an integer input
+    rungs.passed(checked, {2: 90.0})
+    assert launched.rungs.passed == {} and checked.rungs.passed == {2: 120.0}
+    store.write_text(json.dumps({"version": rungs.STORE_VERSION, "graphs": {
+        "k1": {"integers": {"2": 50.0}}, "k2": {"integers": {"2": 60.0}},
+        "k3": {"integers": {"2": 200.0}}}}))
+    assert rungs.keep() == 1
+    graphs = json.loads(store.read_text())["graphs"]
+    # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
+    # its largest (a value only rises); k4 passed nothing
+    assert set(graphs) == {"k3"} and graphs["k3"]["integers"] == {"2": 200.0}

@@ -44,6 +44,7 @@ class Graph:
         self.confirm = 0  # the call whose deferred verdict differed: the next is checked at once
         self.untied = 0  # checks in a row not judged for a near tie (``check.undecided``)
         self.judges: Any = None  # its judge's device work, captured by layout (``compare``)
+        self.rungs: Any = None  # its part of the store of rungs (``scheduling.rungs``)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
         self.entry = graph_record.new(graph_id, where, **coverage.of(self.schedule))

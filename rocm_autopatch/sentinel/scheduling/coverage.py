@@ -21,7 +21,7 @@ def of(plan: Schedule) -> Dict[str, Any]:
                    else min(plan.checks, 1)},
         "values": {"largest_checked": largest,
                    # where the ladder started: rungs an earlier process passed (``rungs``)
-                   "remembered": {str(i): v for i, v in plan.crossings.remembered.items()},
+                   "remembered": dict(plan.crossings.remembered),
                    "non_finite_checked": bool(plan.checked_non_finite),
                    "inputs_followed": len(plan.magnitudes.watch) if plan.magnitudes
                    else 0,

@@ -30,8 +30,9 @@ class Crossings:
         # integers known not to grow (token ids): one that rose by chance between two reads
         # would predict a crossing that never comes
         self.ignore: FrozenSet[int] = frozenset()
-        # the rungs an earlier process passed, where this one's ladder started (``rungs``)
-        self.remembered: Dict[int, float] = {}
+        # the rungs an earlier process passed, by input name: where this one's ladder
+        # started (``rungs``)
+        self.remembered: Dict[str, float] = {}
 
     def take(self, n: int) -> Optional[Dict[int, float]]:
         """The values read at call ``n``'s crossing, for its check (one reduction and one

@@ -22,6 +22,7 @@ from rocm_autopatch.sentinel.scheduling import magnitudes
 
 FOLLOW_NUMEL = 256  # elements over all followed inputs of a call: one small copy
 SLOTS = 4  # copies in flight at once
+TIMED = 3  # reads timed before their cost decides whether they go on at every call
 
 
 class Integers:
@@ -47,6 +48,7 @@ class Integers:
         self.oldest = 0  # the slot read next
         self.every_call = True  # while it fits the budget (``schedule`` decides)
         self.seconds: Optional[float] = None  # the cheapest read measured
+        self.timed = 0  # reads timed since ``seconds`` was last reset
         self.last: Tuple[int, Dict[int, float]] = (0, {})  # the last values read, their call
         self.previous: Tuple[int, Dict[int, float]] = (0, {})  # the read before it
         self.rises = dict.fromkeys(self.indices, 0)  # reads above the one before
@@ -56,9 +58,10 @@ class Integers:
         self.carried = False  # the last values returned were an earlier call's, carried on
         self.worked = False  # the last follow copied or read something (its cost counts)
         self.decided = False  # whether keep_growing chose
-        # whether ``schedule.gate`` has decided, on a cost measured after keep_growing chose,
-        # whether the reads fit (until then it asks at every call: waiting for the next
-        # multiple of 64 read every call for 54 calls too many, 7-9 ms on an H200's host)
+        # whether ``schedule.gate`` has decided, on ``TIMED`` reads' cost after keep_growing
+        # chose, whether the reads fit (until then it asks at every call; waiting for the
+        # next multiple of 64 calls, a process read every call 51 times too many: 65 reads,
+        # 7.0-9.5 ms, on an H200's host, where 14 do now)
         self.gated = False
 
     def read(self, flat: List[Any], call: int) -> Tuple[Dict[int, float], float]:
@@ -85,6 +88,7 @@ class Integers:
         seconds = time.perf_counter() - began
         if self.worked or values:  # a call whose slots were all in flight did nothing
             self.seconds = min(self.seconds or seconds, seconds)
+            self.timed += 1
         return values, seconds
 
     def restart(self) -> None:
@@ -106,7 +110,7 @@ class Integers:
                         and 4 * self.falls[i] <= self.rises[i])
         if growing != self.indices:
             self.still = frozenset(self.indices) - set(growing)
-            self.indices, self.seconds = growing, None  # its cost measured again
+            self.indices, self.seconds, self.timed = growing, None, 0  # timed again
 
     def follow(self, flat: List[Any], call: int) -> Tuple[int, Dict[int, float]]:
         """Queue this call's values; return the latest values that are ready and the call

@@ -6,32 +6,36 @@ A decode loop's position is checked each time it passes 1.25 times the largest c
 (``crossings``). A position is checked once per process, so a process of four 256-token
 generations paid all twelve of its rungs in its first generation: 2.1-2.4% of its wall
 time on an H200 where a long-running one paid 0.5% (BENCHMARKS.md, "A long run's steady
-state, past the ladder"). What a rung covers is the compiled code at that position: the
-same code, at the same position, on the same torch, Triton and GPU, computes alike in the
-next process. So a rung is kept by everything the compiled code follows from, and by
-nothing else:
+state, past the ladder"). What a rung covers is the compiled code at that position, so a
+rung is kept by what that code follows from:
 
-- the graph (``config.compile_once.graph_key``: its code and its inputs' shapes, strides,
-  dtypes and devices), the remembered fix it was compiled with;
-- torch's, Triton's and rocm-autopatch's versions, the GPU architecture;
-- Inductor's settings (every value of ``torch._inductor.config`` but its paths; a custom
-  pass by its ``uuid``, as torch's own cache key names it: one without is a graph not
-  remembered). Where kernels are tuned at compile (``max_autotune*``,
-  ``coordinate_descent_tuning``: the ``perf`` profile) the code chosen may differ from one
-  process to the next: nothing is remembered or read.
+- at the compile (``at_compile``): Inductor's settings as the compile saw them
+  (``torch.compile``'s ``mode`` and ``options`` included; every value of
+  ``torch._inductor.config`` but where files go and how many workers compile; a custom pass
+  by its ``uuid``, as torch's own cache key names it: one without is a graph not kept),
+  grad mode, autocast, the matmul precision flags, deterministic algorithms, a remembered
+  fix; torch's, Triton's and rocm-autopatch's versions; Inductor's cache directory, where
+  the kernel configurations Inductor benchmarks at a kernel's first launch are kept (a
+  process with another directory may choose others);
+- at the first check (``recall``): the graph's code, its inputs' shapes, strides, dtypes
+  and devices (a dynamic input's dtype and device only), the GPU's name and compute units.
 
-A change to the compiler that none of these show (Inductor's decompositions or passes
-patched in place by the program) is not seen: ``ROCM_AUTOPATCH_RUNGS=off``, or a deleted
-file, starts every ladder at the bottom again.
+Nothing is kept where kernels are tuned beyond that (``max_autotune*``,
+``coordinate_descent_tuning``, fusions benchmarked, TunableOp: the ``perf`` profile), or
+where Inductor's caches are off. A change to the compiler that none of these show
+(Inductor's decompositions or passes patched in place by the program) is not seen:
+``ROCM_AUTOPATCH_RUNGS=off``, or a deleted file, starts every ladder at the bottom again.
 
-Only graphs that passed every check are kept (at exit, after the last verdicts are read);
-a graph found wrong keeps nothing. A bug that needs both a later position and other values
-is not a rung's to find: the magnitudes and the sampled checks go on as before.
+Only checks whose verdict passed raise a graph's rungs (``passed``, from ``check`` and
+``pending``); at exit (after the last verdicts are read) a key whose graphs all passed is
+written with its largest, and a key with a graph found wrong, or whose last verdict
+differed unconfirmed, is removed from the store. A bug that needs both a later position
+and other values is not a rung's to find: the magnitudes and the sampled checks go on.
 
-Read only by a process that is not one rank of several (``WORLD_SIZE`` above 1, or
-``torch.distributed`` initialised with more than one rank): ranks read the file at
-different times, and another job's exit between two ranks' reads would make them decide
-differently. Every process writes (under the directory's lock; each key keeps its largest).
+Read only by a process that is not one rank of several (``RANK``, ``LOCAL_RANK`` set,
+``WORLD_SIZE`` above 1, or ``torch.distributed`` initialised with more than one rank):
+ranks read the file at different times, and another job's exit between two ranks' reads
+would make them decide differently. Every process writes (under the directory's lock).
 
 ``ROCM_AUTOPATCH_RUNGS``: the file (default ``~/.cache/rocm-autopatch/rungs.json``); ``off``
 neither reads nor writes.
@@ -44,18 +48,41 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Tuple
+import weakref
+from typing import Any, Dict, List, Optional
 
 from rocm_autopatch import files, log, probe, settings
-from rocm_autopatch.sentinel.judging.status import PASSED
+from rocm_autopatch.sentinel.judging.status import FAILED, FELL_BACK, PASSED
 
 STORE_VERSION = 1
-KEEP = 4096  # graphs kept in the file: the most recently checked
+KEEP = 4096  # graphs kept in the file: the most recently written
+# (``benchmark_epilogue_fusion``, on by default, acts only under ``max_autotune``)
 TUNED = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
-         "coordinate_descent_tuning")
+         "coordinate_descent_tuning", "benchmark_fusion", "benchmark_combo_kernel")
+# Inductor settings that say how a compile runs, not what it makes
+HOW = ("compile_threads", "worker_start_method", "worker_suppress_logging")
 
-# This process's graphs, by key: (the schedule, the graph's record) to keep at exit
-_KEPT: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
+
+class Kept:
+    """One watched graph's part of the store: its key, the largest value of each integer
+    input at a check that passed, and its record (its status at exit)."""
+
+    def __init__(self, graph: Any, compiled_with: str) -> None:
+        self.graph = weakref.ref(graph)
+        self.entry: Dict[str, Any] = graph.entry
+        self.compiled_with = compiled_with  # the compile's part of the key
+        self.key: Optional[str] = None  # set at the first check
+        self.integer: frozenset = frozenset()
+        self.passed: Dict[int, float] = {}
+
+    def bad(self) -> bool:
+        """Found wrong, or its last deferred verdict differed and was not confirmed."""
+        graph = self.graph()
+        return self.entry.get("status") in (FAILED, FELL_BACK) or graph is not None and bool(
+            graph.confirm or graph.pending is not None)
+
+
+_KEPT: List[Kept] = []
 _READ: Dict[str, Any] = {}  # the file as read once by this process
 
 
@@ -65,108 +92,197 @@ def path() -> Optional[str]:
     return settings.user_cache("rungs.json") if given == "" else given
 
 
-def recall(plan: Any, gm: Any, flat: List[Any], healed: Any, entry: Dict[str, Any]) -> None:
-    """At a graph's first check (``plan.magnitudes`` set): start its integers' ladder at the
-    rungs an earlier process passed, and keep the graph to be written at exit. Never
-    raises: a store that cannot be read starts the ladder at the bottom."""
+def at_compile(graph: Any, config_patches: Any) -> None:
+    """At a watched graph's compile (``watch``): the compile's part of its key, with
+    ``torch.compile``'s options applied as the compile saw them. Never raises: a graph
+    without it keeps nothing."""
     try:
-        integer = plan.magnitudes.integer if plan.magnitudes is not None else ()
-        if not integer or path() is None:
+        if path() is not None:
+            compiled_with = _compile_part(config_patches or {}, graph.healed)
+            if compiled_with is not None:
+                graph.rungs = Kept(graph, compiled_with)
+                _KEPT.append(graph.rungs)
+    except Exception:  # noqa: BLE001
+        return
+
+
+def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
+    """At a graph's first check (``plan.magnitudes`` set): start its integers' ladder at the
+    rungs an earlier process passed. Never raises: a store that cannot be read starts the
+    ladder at the bottom."""
+    kept, plan = graph.rungs, graph.schedule
+    try:
+        integer = plan.magnitudes.integer if plan.magnitudes is not None else frozenset()
+        if kept is None or not integer:
             return
-        key = graph_key(gm, flat, healed)
-        if key is None:
-            return
-        _KEPT[key] = (plan, entry)
+        kept.integer = integer
+        kept.key = _key(kept.compiled_with, graph.gm, flat, dynamic)
         if one_of_several_ranks():
             return
-        remembered = _load().get(key, {}).get("integers", {})
-        for index, value in remembered.items():
+        names = [node.name for node in graph.placeholders]
+        for index, value in _load().get(kept.key, {}).get("integers", {}).items():
             i = int(index)
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
                 plan.checked_max[i] = max(plan.checked_max.get(i, 0.0), float(value))
-                plan.crossings.remembered[i] = float(value)
+                plan.crossings.remembered[names[i] if i < len(names) else str(i)] = value
     except Exception:  # noqa: BLE001 - the ladder starts at the bottom, as without a store
         return
 
 
+def passed(graph: Any, values: Optional[Dict[int, float]]) -> None:
+    """A check of ``graph`` whose verdict passed, its watched inputs' ``values``."""
+    kept = graph.rungs
+    if kept is None or not values:
+        return
+    for i, value in values.items():
+        if i in kept.integer and math.isfinite(value):
+            kept.passed[i] = max(kept.passed.get(i, 0.0), value)
+
+
 def keep() -> int:
-    """At exit: write the largest integers checked of every graph that passed (merged with
-    the file's, each key keeping its largest); how many graphs were written."""
-    where = path()
-    found = {}
-    for key, (plan, entry) in _KEPT.items():
-        integer = plan.magnitudes.integer if plan.magnitudes is not None else ()
-        values = {str(i): v for i, v in plan.checked_max.items() if i in integer}
-        if entry.get("status") == PASSED and values:
-            found[key] = values
-    if not where or not found:
-        return 0
+    """At exit: write each key whose graphs all passed with the largest integers their
+    passing checks saw (each stored value only rises), and remove each key with a graph found
+    wrong; how many keys were written. Never raises."""
     try:
-        with files.directory_lock(os.path.dirname(where)):
-            graphs = _stored(where)
-            now = datetime.datetime.now().isoformat(timespec="seconds")
-            for key, values in found.items():
-                old = graphs.get(key, {}).get("integers", {})
-                merged = {i: max(float(old.get(i, 0.0)), v) for i, v in values.items()}
-                graphs[key] = {"integers": {**old, **merged}, "when": now}
-            kept = dict(sorted(graphs.items(), key=lambda kv: str(kv[1].get("when")))[-KEEP:])
-            files.write_atomically(where, json.dumps({"version": STORE_VERSION,
-                                                      "graphs": kept}, indent=1))
-        return len(found)
+        where = path()
+        rise: Dict[str, Dict[str, float]] = {}
+        drop = set()
+        for kept in list(_KEPT):
+            if kept.key is None:
+                continue
+            if kept.bad():
+                drop.add(kept.key)
+            elif kept.entry.get("status") == PASSED and kept.passed:
+                found = rise.setdefault(kept.key, {})
+                for i, v in kept.passed.items():
+                    found[str(i)] = max(found.get(str(i), 0.0), v)
+        for key in drop:
+            rise.pop(key, None)
+        if where and (rise or drop):
+            _write(where, rise, drop)
+        return len(rise)
     except Exception as exc:  # noqa: BLE001 - never at exit
-        log.warn_once(("rungs", "write"), f"{settings.RUNGS}: {where} could not be written "
-                      f"({type(exc).__name__}: {str(exc)[:120]}); the next process climbs "
-                      "the ladder from the bottom")
+        if log.path_setting(settings.RUNGS):  # a path the user named: said once
+            log.warn_once(("rungs", "write"), f"{settings.RUNGS}: its file could not be "
+                          f"written ({type(exc).__name__}: {str(exc)[:120]}); the next "
+                          "process climbs each ladder from the bottom")
         return 0
+
+
+def _write(where: str, rise: Dict[str, Dict[str, float]], drop: set) -> None:
+    with files.directory_lock(os.path.dirname(where)):
+        graphs = _stored(where)
+        now = datetime.datetime.now().isoformat(timespec="seconds")
+        for key in drop:
+            graphs.pop(key, None)
+        for key, values in rise.items():
+            old = graphs.get(key, {}).get("integers", {})
+            merged = {i: max(float(old.get(i, 0.0)), v) for i, v in values.items()}
+            graphs[key] = {"integers": {**old, **merged}, "when": now}
+        kept = dict(sorted(graphs.items(), key=lambda kv: str(kv[1].get("when")))[-KEEP:])
+        files.write_atomically(where, json.dumps({"version": STORE_VERSION, "graphs": kept},
+                                                 indent=1))
 
 
 def _load() -> Dict[str, Any]:
     if "graphs" not in _READ:
         where = path()
-        _READ["graphs"] = _stored(where) if where and os.path.exists(where) else {}
+        _READ["graphs"] = _stored(where) if where else {}
     return _READ["graphs"]
 
 
 def _stored(where: str) -> Dict[str, Any]:
-    """The file's graphs; {} (with one warning) where it is there but cannot be read."""
+    """The file's graphs; {} (with one warning) where it is there but not a store of ours."""
     if not os.path.exists(where):
         return {}
     data = files.read_json(where)
     graphs = data.get("graphs") if data is not None else None
-    if not isinstance(graphs, dict):
+    if not isinstance(graphs, dict) or data.get("version") != STORE_VERSION:
         log.warn_once(("rungs", "read"), f"{settings.RUNGS}: {where} could not be read as "
                       "rocm-autopatch's remembered rungs; each graph climbs the ladder from "
-                      "the bottom (delete the file, or set it to another path)")
+                      "the bottom (the file is written anew at exit)")
         return {}
-    return {k: v for k, v in graphs.items() if isinstance(v, dict)}
+    return {k: v for k, v in graphs.items()
+            if isinstance(v, dict) and isinstance(v.get("integers"), dict)}
 
 
-def graph_key(gm: Any, flat: List[Any], healed: Any) -> Optional[str]:
-    """What the compiled code follows from (see the module's docstring); None where kernels
-    are tuned at compile, or a setting holds what cannot be named alike in every process (a
-    custom pass without torch's ``uuid``)."""
+def _compile_part(config_patches: Dict[str, Any], healed: Any) -> Optional[str]:
+    """The compile's part of the key (the module's docstring); None where kernels are tuned,
+    Inductor's caches are off, or a setting holds what cannot be named alike in every
+    process (a custom pass without torch's ``uuid``)."""
     import torch
     from torch._inductor import config
 
     import rocm_autopatch
-    from rocm_autopatch.config import compile_once
 
-    copied = config.get_config_copy()
-    if any(copied.get(name) for name in TUNED):
+    with config.patch(config_patches):
+        copied = config.get_config_copy()
+        # read as attributes: a copy does not hold every switch (force_disable_caches)
+        tuned = any(getattr(config, name, False) for name in TUNED) or _tunable_op(torch)
+        uncached = getattr(config, "force_disable_caches", False) or not getattr(
+            config, "autotune_local_cache", True)
+    if tuned or uncached:
         return None
     named = {}
     for key, value in copied.items():
-        if any(w in key for w in ("dir", "path")):
-            continue  # where files go, not what is compiled
+        last = key.rsplit(".", 1)[-1]
+        if last.endswith(("_dir", "_path", "_dirs", "_paths")) or last in HOW:
+            continue  # where files go and how the compile runs, not what it makes
         if not _plain(value):
             uuid = getattr(value, "uuid", None)  # torch's CustomGraphPass names itself
             if not callable(uuid):
                 return None
             value = [type(value).__qualname__, str(uuid())]
         named[key] = value
-    parts = [compile_once.graph_key(torch, gm, flat, False), json.dumps(healed, default=str),
-             torch.__version__, str(probe.triton_version()), rocm_autopatch.__version__,
-             ",".join(sorted(set(probe.arch_names()))), json.dumps(named, sort_keys=True)]
+    matmul = torch.backends.cuda.matmul
+    context = [torch.is_grad_enabled(), torch.is_autocast_enabled(),
+               torch.get_float32_matmul_precision(), matmul.allow_tf32,
+               getattr(matmul, "allow_fp16_reduced_precision_reduction", None),
+               getattr(matmul, "allow_bf16_reduced_precision_reduction", None),
+               torch.are_deterministic_algorithms_enabled()]
+    parts = [json.dumps(named, sort_keys=True), json.dumps(context),
+             json.dumps(healed, default=str, sort_keys=True), torch.__version__,
+             str(probe.triton_version()), rocm_autopatch.__version__, _cache_dir()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _tunable_op(torch: Any) -> bool:
+    """Is TunableOp on (ATen's GEMMs tuned at their first call)? False where this build
+    cannot say (a CPU build has no such switch)."""
+    try:
+        return bool(torch.cuda.tunable.is_enabled())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _cache_dir() -> str:
+    """Inductor's cache directory (where its kernels' benchmarked configurations are)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # torch before 2.5
+        from torch._inductor.utils import cache_dir  # type: ignore[no-redef]
+    return os.path.realpath(cache_dir())
+
+
+def _key(compiled_with: str, gm: Any, flat: List[Any], dynamic: List[int]) -> str:
+    """The whole key: the compile's part, the graph's code and its inputs' layout (a dynamic
+    input's dtype and device only: one key for all its shapes), the GPUs it runs on."""
+    import torch
+
+    parts = [compiled_with, str(gm.code)]
+    devices = set()
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor):
+            shape = "dynamic" if i in dynamic else f"{tuple(x.shape)}|{tuple(x.stride())}"
+            parts.append(f"{shape}|{x.dtype}|{x.device}")
+            devices.add(x.device)
+        else:
+            parts.append("dynamic" if i in dynamic else repr(x))
+    for device in sorted(devices, key=str):
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            parts.append(f"{props.name}|{props.multi_processor_count}|"
+                         f"{','.join(sorted(set(probe.arch_names())))}")
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -180,10 +296,10 @@ def _plain(value: Any) -> bool:
 
 
 def one_of_several_ranks() -> bool:
-    """Is this process one rank of a job of more than one (``WORLD_SIZE``, or
-    ``torch.distributed`` as initialised now)?"""
+    """Is this process a rank of a job (``RANK``/``LOCAL_RANK`` set, ``WORLD_SIZE`` above 1,
+    or ``torch.distributed`` initialised now with more than one rank)?"""
     world = log.setting(settings.WORLD_SIZE, warn=False)
-    if isinstance(world, int) and world > 1:
+    if log.rank() is not None or isinstance(world, int) and world > 1:
         return True
     import torch
 

@@ -55,7 +55,7 @@ import torch
 
 from rocm_autopatch.sentinel.scheduling import quiet
 from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
-from rocm_autopatch.sentinel.scheduling.integers import Integers
+from rocm_autopatch.sentinel.scheduling.integers import TIMED, Integers
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
 
 FIRST, SHAPE, VALUES, SAMPLED = "first", "shape", "values", "sampled"
@@ -419,7 +419,7 @@ def gate(plan: Schedule) -> None:
     pace, cheapest = plan.pace(), follower.seconds
     if follower.decided and not follower.indices:
         follower.gated = True  # nothing left to read
-    if follower.decided and pace and cheapest is not None:
+    if follower.decided and pace and cheapest is not None and follower.timed >= TIMED:
         follower.gated = True
         share = VALUES_SHARE * LEDGER.share(max(plan.budget, MIN_VALUES_BUDGET)) * pace
         every = cheapest <= share - (plan.measure_seconds or 0.0) / plan.stride
