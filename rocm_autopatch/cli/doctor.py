@@ -113,6 +113,7 @@ def collect(profile: Optional[str]) -> Dict[str, Any]:
     data["caches"] = caches.where_now()  # after activation: ROCM_AUTOPATCH_CACHE applied
     data["caches"]["skipping_dynamo"] = caches.skipping_dynamo(torch_module)
     data["fixes"] = _fixes()
+    data["rungs"] = _rungs()
     data["left_out"] = {**profiles.LEFT_OUT, **known_issues.LEFT_OUT}
     data["known_issues"] = known_issues.judge(
         probe.triton_version(), report.get("hip_version"), [g["arch"] for g in data["gpus"]],
@@ -198,6 +199,13 @@ def _numerics_sentinel(record: Any) -> None:
         record.fix(sentinel.NAME, record.OFF, f"{settings.VERIFY} is unset: compiled graphs are "
                    "not compared with eager (check: warn about a graph that computes wrong "
                    "numbers; fallback: also run it eagerly)", sentinel.REF)
+
+
+def _rungs() -> Dict[str, Any]:
+    """The store of rungs remembered across processes (``sentinel.scheduling.rungs``)."""
+    from rocm_autopatch import sentinel
+
+    return sentinel.rungs_kept()
 
 
 def _fixes() -> Dict[str, Any]:

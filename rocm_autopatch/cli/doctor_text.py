@@ -86,7 +86,17 @@ def _changed(data: Dict[str, Any]) -> List[str]:
     remembered = data["fixes"]["fixes"]
     if remembered:
         out.append(f"  remembered fixes: {len(remembered)} (rocm-autopatch forget --all)")
-    return out
+    return out + _rungs(data)
+
+
+def _rungs(data: Dict[str, Any]) -> List[str]:
+    """The store of rungs remembered across processes, where it holds any."""
+    kept = data.get("rungs") or {}
+    if not kept.get("graphs"):
+        return []
+    return [f"  remembered rungs: {kept['graphs']} graph{'s' if kept['graphs'] != 1 else ''}"
+            f" (the sentinel's ladders start there; delete the file or set "
+            f"{settings.RUNGS}=off to start over)", Verbatim(f"      {kept['store']}")]
 
 
 def _red_flags(data: Dict[str, Any], verbose: bool) -> List[str]:
@@ -158,7 +168,7 @@ def _fixes(data: Dict[str, Any]) -> List[str]:
         out.append("      (`rocm-autopatch forget GRAPH` or `--all` forgets)")
     else:
         out.append("  none (`rocm-autopatch bisect DIR` finds and remembers them)")
-    return out
+    return out + _rungs(data)
 
 
 def _heading(data: Dict[str, Any], title: str, untouched: str) -> List[str]:

@@ -74,6 +74,15 @@ def forget(fingerprint: Optional[str]) -> int:
     return fixes.forget(fingerprint)
 
 
+def rungs_kept() -> Dict[str, Any]:
+    """The store of rungs remembered across processes (``scheduling.rungs``): its file
+    (None: ``ROCM_AUTOPATCH_RUNGS=off``) and how many graphs it holds."""
+    from rocm_autopatch.sentinel.scheduling import rungs
+
+    where = rungs.path()
+    return {"store": where, "graphs": len(rungs._stored(where)) if where else 0}
+
+
 def remembered() -> Dict[str, Any]:
     """The remembered fixes (``rocm-autopatch bisect``), each said in words, and whether it
     applies to the torch, Triton and GPU here (the doctor's list)."""

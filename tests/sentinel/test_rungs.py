@@ -74,6 +74,12 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
                             env=clean_env(), timeout=120)
     assert ("      started where an earlier process's checks passed: "
             f"{name} at {largest:,.0f}\n") in doctor.stdout, doctor.stdout
+    # the doctor's summary says the store holds one graph, and how to start over
+    summary = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor"],
+                             capture_output=True, text=True, timeout=120, env=clean_env(
+                                 ROCM_AUTOPATCH="force", ROCM_AUTOPATCH_RUNGS=str(store)))
+    assert "  remembered rungs: 1 graph (" in summary.stdout, summary.stdout
+    assert f"      {store}\n" in summary.stdout, summary.stdout
 
     further, _ = _run(torch_venv, store, 400)  # past 1.25 times the remembered rung: one
     assert further["checked_because"]["values"] == 1, further
