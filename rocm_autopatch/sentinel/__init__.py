@@ -8,7 +8,7 @@ The rest of the package enters here only; what is behind the door is laid out by
   ``compare``: its references and the judge's verdict on them; ``pending``: the verdicts
   read at a later call (``check`` on a GPU) and at exit;
 - ``scheduling/``: when a call is checked (first calls, new shapes, magnitudes, positions,
-  samples within the budget);
+  samples within the budget; the rungs a later process starts from);
 - ``runs/``: what a check runs: the graph's analysis, its eager and float64 references, the
   state it writes, the backward pass, memory, the graph's record;
 - ``judging/``: the verdict: compiled and eager against float64, the allowance of the math
