@@ -51,7 +51,23 @@ def _stored(store: Path) -> dict:
     return entry["integers"]
 
 
-@pytest.mark.heavy(30)
+RANKS = r'''
+import json, os, torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+w = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) / 8
+f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dynamic=False)
+x = torch.rand(4, 64, generator=torch.Generator().manual_seed(0)) * 0.01
+import rocm_autopatch
+for i in range(16, 300):
+    f(x, torch.tensor(i, dtype=torch.int64))
+(g,) = rocm_autopatch.report().verify["graphs"]
+print(json.dumps({"rank": dist.get_rank(), **g}), flush=True)
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.heavy(45)
 def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
         torch_venv: Venv, tmp_path: Path) -> None:
     store = tmp_path / "rungs.json"
@@ -62,6 +78,25 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     assert first["status"] == "passed" and climbed >= 10 and 240 < largest < 300, first
     assert first["values"]["remembered"] == {}
     (position,) = _stored(store)
+    assert _stored(store) == {position: largest}
+
+    # A real 2-rank torchrun job (gloo) of the same graph reads nothing (ranks read the
+    # file at different times: another job's exit between two reads would set them
+    # apart), and both ranks climb the ladder as the first process did. They write under
+    # the first's key (had they read, they would have found it) and raise nothing.
+    job = tmp_path / "ranks.py"
+    job.write_text(RANKS)
+    proc = torch_venv.torchrun("--standalone", "--nproc-per-node", "2", str(job),
+                               cwd=str(tmp_path), timeout=300, env={
+                                   "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
+                                   "ROCM_AUTOPATCH_VERIFY_BUDGET": "0",
+                                   "ROCM_AUTOPATCH_RUNGS": str(store)})
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
+    ranks = rank_lines(proc.stdout)
+    assert [r["rank"] for r in ranks] == [0, 1], proc.stdout[-2000:]
+    for r in ranks:
+        assert r["status"] == "passed" and r["values"]["remembered"] == {}, r
+        assert r["checked_because"] == first["checked_because"], (r, first)
     assert _stored(store) == {position: largest}
 
     report = tmp_path / "report.json"  # the same positions: no rung left to check
@@ -85,54 +120,6 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     assert further["checked_because"]["values"] == 1, further
     assert largest * 1.25 < further["values"]["largest_checked"] < 400
     assert _stored(store) == {position: further["values"]["largest_checked"]}
-
-    # One rank of several reads nothing (ranks read at different times), and climbs again
-    rank, _ = _run(torch_venv, store, 300, WORLD_SIZE="2")
-    assert rank["values"]["remembered"] == {}, rank
-    assert rank["checked_because"]["values"] == climbed
-
-
-RANKS = r'''
-import json, os, torch
-import torch.distributed as dist
-dist.init_process_group("gloo")
-w = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) / 8
-f = torch.compile(lambda x, pos: torch.nn.functional.silu(x + pos / 100) @ w, dynamic=False)
-x = torch.rand(4, 64, generator=torch.Generator().manual_seed(0)) * 0.01
-import rocm_autopatch
-for i in range(16, 300):
-    f(x, torch.tensor(i, dtype=torch.int64))
-(g,) = rocm_autopatch.report().verify["graphs"]
-print(json.dumps({"rank": dist.get_rank(), **g}), flush=True)
-dist.destroy_process_group()
-'''
-
-
-@pytest.mark.heavy(30)
-def test_the_ranks_of_a_job_read_no_rung_and_climb_alike(torch_venv: Venv,
-                                                          tmp_path: Path) -> None:
-    """A real 2-rank torchrun job (gloo, the CPU) whose graph an earlier single process
-    left rungs for: neither rank reads them (a rank reading the file after another job's
-    exit would decide apart), and both climb the same ladder as that process did."""
-    store = tmp_path / "rungs.json"
-    alone, _ = _run(torch_venv, store, 300)
-    assert _stored(store) and alone["checked_because"]["values"] >= 10, alone
-    job = tmp_path / "ranks.py"
-    job.write_text(RANKS)
-    proc = torch_venv.torchrun("--standalone", "--nproc-per-node", "2", str(job),
-                               cwd=str(tmp_path), timeout=300, env={
-                                   "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
-                                   "ROCM_AUTOPATCH_VERIFY_BUDGET": "0",
-                                   "ROCM_AUTOPATCH_RUNGS": str(store)})
-    assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
-    ranks = rank_lines(proc.stdout)
-    assert [r["rank"] for r in ranks] == [0, 1], proc.stdout[-2000:]
-    for r in ranks:
-        assert r["status"] == "passed" and r["values"]["remembered"] == {}, r
-        assert r["checked_because"] == alone["checked_because"], (r, alone)
-    # The ranks kept their rungs under the single process's key: had they read, they would
-    # have found them (the rule, not another key, kept them from it)
-    assert _stored(store)
 
 
 @pytest.mark.heavy(15)
@@ -240,3 +227,18 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
     # its largest (a value only rises); k4 passed nothing
     assert set(graphs) == {"k3"} and graphs["k3"]["integers"] == {"2": 200.0}
+
+
+@pytest.mark.fast
+def test_a_rank_is_told_by_rank_or_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rocm_autopatch.sentinel.scheduling import rungs
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not rungs.one_of_several_ranks()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert rungs.one_of_several_ranks()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a launcher that sets the rank alone
+    assert rungs.one_of_several_ranks()
