@@ -180,7 +180,8 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable(FIXES, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/fixes.json`)", "",
              "where fixes found by `bisect` are remembered and read (`off`: neither)",
              "the numerics sentinel, `rocm-autopatch bisect`"),
-    Variable(RUNGS, _text, "a file; `off` (default: `~/.cache/rocm-autopatch/rungs.json`)",
+    Variable(RUNGS, _text, "a file; `off` (default: `rungs.json` in `ROCM_AUTOPATCH_CACHE`'s "
+             "directory, else `~/.cache/rocm-autopatch/rungs.json`)",
              "", "where the largest integer inputs (positions, token ids) at which each "
              "graph's checks passed are remembered, so that a later process starts its "
              "ladder there (`off`: neither read nor written)",
@@ -216,7 +217,8 @@ VARIABLES: Tuple[Variable, ...] = (
              "It is not used."),
     Variable(WORLD_SIZE, _rank, "a non-negative integer", None,
              "how many ranks the job has", "the compile report; above 1, each graph "
-             "compiled once by the ranks of a machine (`config.compile_once`)",
+             "compiled once by the ranks of a machine (`config.compile_once`), and the "
+             "sentinel's remembered rungs not read (`sentinel.scheduling.rungs`)",
              "It is not used."),
     Variable(TORCH_AUTOLOAD, _text, "`1` (torch's default) or anything else", "1",
              "torch's backend autoload (torch >= 2.5): rocm-autopatch's second start-up "

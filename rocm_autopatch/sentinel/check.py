@@ -128,7 +128,7 @@ class Check:
         plan = self.graph.schedule
         if plan.magnitudes is None:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
-            rungs.recall(self.graph, self.flat[:self.count], plan.dynamic)
+            rungs.recall(self.graph, self.flat, plan.dynamic)  # held tensors too
         need = self.need = footprint.reference_bytes(
             self.analysis.footprint,
             snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))

@@ -112,6 +112,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
                 f"eager ({judge.error_figure(bad[0])})")
         if wait:  # at exit: no next call to confirm it
             graph.skip(f"not checked: {said}; not confirmed, the process ended")
+            rungs.doubt(graph)  # its key leaves the store of rungs
             return
         graph.confirm = self.at_call
         graph.note(skipped_reason=f"{said}: its next call is checked at the call before "

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from rocm_autopatch.sentinel import check, compare, pending  # noqa: E402
 from rocm_autopatch.sentinel.runs import deferred, numerics, replay  # noqa: E402
 from rocm_autopatch.sentinel.runs.graph import Graph  # noqa: E402
-from rocm_autopatch.sentinel.scheduling import quiet, schedule  # noqa: E402
+from rocm_autopatch.sentinel.scheduling import quiet, rungs, schedule  # noqa: E402
 
 
 class CpuLater(deferred.Later):
@@ -204,6 +204,51 @@ def test_the_exit_reads_the_verdicts_still_pending(deferring: set) -> None:
     assert bad.entry["status"] == "skipped" and bad.entry["found_at_call"] is None
     assert "not confirmed, the process ended" in bad.entry["reason"]
     assert not pending._WAITING and healthy.pending is None and bad.pending is None
+
+
+def positioned(x: Any, pos: Any) -> Any:
+    return (x + pos / 100).sin()
+
+
+def positioned_wrong(x: Any, pos: Any) -> Any:  # the "compiled" graph: wrong past position 20
+    return (x + pos / 100).sin() * torch.where(pos > 20, 1.5, 1.0)
+
+
+def _kept(graph: Graph) -> rungs.Kept:
+    """The graph's part of the store of rungs (``watch`` makes it at the compile), its
+    position (input 1) an integer input on the ladder."""
+    graph.rungs = rungs.Kept(graph, "compiled")
+    graph.rungs.key, graph.rungs.integer = "key", frozenset({1})
+    return graph.rungs
+
+
+def test_a_deferred_verdict_raises_a_rung_only_once_read_and_passed(deferring: set) -> None:
+    deferring.update({1, 2})
+    graph = watched(positioned)
+    kept = _kept(graph)
+    with torch.no_grad():
+        check.call(graph, (X, torch.tensor(16)), {})
+        assert graph.pending is not None and kept.passed == {}  # launched, not yet judged
+        check.call(graph, (X, torch.tensor(17)), {})  # due: the first verdict read first
+        assert kept.passed == {1: 16.0}
+    pending.settle_all()
+    assert kept.passed == {1: 17.0} and not kept.bad()
+
+
+def test_a_deferred_verdict_that_differs_at_exit_removes_the_graphs_key(
+        deferring: set) -> None:
+    """Passed at position 16, different at 40 as the process ends (no call left to confirm
+    it): the graph stays "passed", and its key leaves the store of rungs."""
+    deferring.update({1, 2})
+    graph = watched(positioned, positioned_wrong)
+    kept = _kept(graph)
+    with torch.no_grad():
+        check.call(graph, (X, torch.tensor(16)), {})
+        check.call(graph, (X, torch.tensor(40)), {})
+    pending.settle_all()
+    assert graph.entry["status"] == "passed" and kept.passed == {1: 16.0}
+    assert "not confirmed, the process ended" in graph.entry["skipped_reason"]
+    assert kept.doubted and kept.bad()
 
 
 def test_an_inference_tensor_read_in_place_is_judged_at_the_call(deferring: set) -> None:

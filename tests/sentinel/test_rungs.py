@@ -86,6 +86,7 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     # the first's key (had they read, they would have found it) and raise nothing.
     job = tmp_path / "ranks.py"
     job.write_text(RANKS)
+    written = store.stat().st_mtime_ns
     proc = torch_venv.torchrun("--standalone", "--nproc-per-node", "2", str(job),
                                cwd=str(tmp_path), timeout=300, env={
                                    "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
@@ -97,7 +98,8 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     for r in ranks:
         assert r["status"] == "passed" and r["values"]["remembered"] == {}, r
         assert r["checked_because"] == first["checked_because"], (r, first)
-    assert _stored(store) == {position: largest}
+    # written again (the ranks kept what they passed), still one key: theirs was the first's
+    assert store.stat().st_mtime_ns != written and _stored(store) == {position: largest}
 
     report = tmp_path / "report.json"  # the same positions: no rung left to check
     again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report))
@@ -165,6 +167,19 @@ def test_the_key_follows_the_compile_the_graph_and_its_inputs_not_the_process(
     with torch.no_grad():
         assert rungs._compile_part({}, None) != part  # an inference compile
     assert rungs._compile_part({"compile_threads": 1}, None) == part  # how, not what
+    with torch.autocast("cpu"):
+        assert rungs._compile_part({}, None) != part
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium" if precision != "medium" else "high")
+        assert rungs._compile_part({}, None) != part
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert rungs._compile_part({}, None) != part
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.fast
@@ -191,10 +206,13 @@ def test_no_key_where_kernels_are_tuned_caches_are_off_or_a_pass_cannot_be_named
 
 class _Graph:
     """What ``rungs.keep`` reads of a watched graph at exit: its record's status, a
-    deferred verdict that differed unconfirmed (``confirm``), one still unread."""
+    deferred verdict that differed unconfirmed (``confirm``; a near tie's confirm counts
+    ``untied``), one still unread. (The deferred paths that set them, on the CPU's stand-in
+    for a device: ``test_deferred.py``.)"""
 
-    def __init__(self, status: str, confirm: int = 0) -> None:
+    def __init__(self, status: str, confirm: int = 0, untied: int = 0) -> None:
         self.entry, self.confirm, self.pending = {"status": status}, confirm, None
+        self.untied = untied
 
 
 @pytest.mark.fast
@@ -215,22 +233,25 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     healthy, wrong = kept(_Graph("passed"), "k1"), kept(_Graph("failed"), "k1")
     unread, checked = kept(_Graph("passed", confirm=40), "k2"), kept(_Graph("passed"), "k3")
     launched = kept(_Graph("passed"), "k4")  # its checks launched, no verdict read
-    for graph in (healthy, wrong, unread, checked):
+    tied = kept(_Graph("passed", confirm=41, untied=1), "k5")  # a near tie: no difference
+    for graph in (healthy, wrong, unread, checked, tied):
         rungs.passed(graph, {2: 120.0, 0: 5.0})  # 0: not an integer input
     rungs.passed(checked, {2: 90.0})
     assert launched.rungs.passed == {} and checked.rungs.passed == {2: 120.0}
     store.write_text(json.dumps({"version": rungs.STORE_VERSION, "graphs": {
         "k1": {"integers": {"2": 50.0}}, "k2": {"integers": {"2": 60.0}},
         "k3": {"integers": {"2": 200.0}}}}))
-    assert rungs.keep() == 1
+    assert rungs.keep() == 2
     graphs = json.loads(store.read_text())["graphs"]
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
-    # its largest (a value only rises); k4 passed nothing
-    assert set(graphs) == {"k3"} and graphs["k3"]["integers"] == {"2": 200.0}
+    # its largest (a value only rises), k5 rises to 120; k4 passed nothing
+    assert set(graphs) == {"k3", "k5"} and graphs["k3"]["integers"] == {"2": 200.0}
+    assert graphs["k5"]["integers"] == {"2": 120.0}
 
 
 @pytest.mark.fast
-def test_a_rank_is_told_by_rank_or_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_rank_of_several_is_told_by_world_size_else_by_rank(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from rocm_autopatch.sentinel.scheduling import rungs
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
@@ -240,5 +261,7 @@ def test_a_rank_is_told_by_rank_or_world_size(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert rungs.one_of_several_ranks()
     monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setenv("LOCAL_RANK", "0")  # a launcher that sets the rank alone
-    assert rungs.one_of_several_ranks()
+    monkeypatch.setenv("RANK", "0")  # a one-process launch (torchrun --nproc-per-node 1)
+    assert not rungs.one_of_several_ranks()
+    monkeypatch.delenv("WORLD_SIZE")
+    assert rungs.one_of_several_ranks()  # a launcher that sets the rank alone

@@ -19,6 +19,7 @@ def of(plan: Schedule) -> Dict[str, Any]:
                    "seen": plan.shapes_seen if plan.dynamic else min(plan.calls, 1),
                    "checked": len(plan.checked_shapes) if plan.dynamic
                    else min(plan.checks, 1)},
+        # (with rungs remembered, the largest an earlier process checked counts)
         "values": {"largest_checked": largest,
                    # where the ladder started: rungs an earlier process passed (``rungs``)
                    "remembered": dict(plan.crossings.remembered),

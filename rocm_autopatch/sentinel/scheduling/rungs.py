@@ -13,12 +13,14 @@ rung is kept by what that code follows from:
   (``torch.compile``'s ``mode`` and ``options`` included; every value of
   ``torch._inductor.config`` but where files go and how many workers compile; a custom pass
   by its ``uuid``, as torch's own cache key names it: one without is a graph not kept),
-  grad mode, autocast, the matmul precision flags, deterministic algorithms, a remembered
-  fix; torch's, Triton's and rocm-autopatch's versions; Inductor's cache directory, where
-  the kernel configurations Inductor benchmarks at a kernel's first launch are kept (a
-  process with another directory may choose others);
-- at the first check (``recall``): the graph's code, its inputs' shapes, strides, dtypes
-  and devices (a dynamic input's dtype and device only), the GPU's name and compute units.
+  grad mode, autocast, the matmul and convolution precision switches, the BLAS library,
+  the attention backends, deterministic algorithms (``SWITCHES``), a remembered fix;
+  torch's, Triton's and rocm-autopatch's versions; Inductor's cache directory, where the
+  kernel configurations Inductor benchmarks at a kernel's first launch are kept (a process
+  with another directory may choose others);
+- at the first check (``recall``): the graph's code, its inputs' and held tensors' shapes,
+  strides, dtypes and devices (a dynamic input's dtype and device only), the GPU's name and
+  compute units.
 
 Nothing is kept where kernels are tuned beyond that (``max_autotune*``,
 ``coordinate_descent_tuning``, fusions benchmarked, TunableOp: the ``perf`` profile), or
@@ -32,13 +34,15 @@ written with its largest, and a key with a graph found wrong, or whose last verd
 differed unconfirmed, is removed from the store. A bug that needs both a later position
 and other values is not a rung's to find: the magnitudes and the sampled checks go on.
 
-Read only by a process that is not one rank of several (``RANK``, ``LOCAL_RANK`` set,
-``WORLD_SIZE`` above 1, or ``torch.distributed`` initialised with more than one rank):
+Read only by a process that is not one rank of several (``WORLD_SIZE`` above 1; without
+it, ``RANK`` or ``LOCAL_RANK`` set; or ``torch.distributed`` initialised by the graph's first
+check with more than one rank):
 ranks read the file at different times, and another job's exit between two ranks' reads
 would make them decide differently. Every process writes (under the directory's lock).
 
-``ROCM_AUTOPATCH_RUNGS``: the file (default ``~/.cache/rocm-autopatch/rungs.json``); ``off``
-neither reads nor writes.
+``ROCM_AUTOPATCH_RUNGS``: the file (default: ``rungs.json`` in ``ROCM_AUTOPATCH_CACHE``'s
+directory where it is set, else ``~/.cache/rocm-autopatch/rungs.json``); ``off`` neither
+reads nor writes.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -74,12 +79,16 @@ class Kept:
         self.key: Optional[str] = None  # set at the first check
         self.integer: frozenset = frozenset()
         self.passed: Dict[int, float] = {}
+        self.doubted = False  # a deferred verdict differed at exit, unconfirmed (``doubt``)
 
     def bad(self) -> bool:
-        """Found wrong, or its last deferred verdict differed and was not confirmed."""
+        """Found wrong, or a deferred verdict differed and was not confirmed (at exit, or its
+        confirming call never came: ``confirm`` set by a difference, not by a near tie,
+        which ``untie`` counts), or one is still unread."""
         graph = self.graph()
-        return self.entry.get("status") in (FAILED, FELL_BACK) or graph is not None and bool(
-            graph.confirm or graph.pending is not None)
+        return self.doubted or self.entry.get("status") in (FAILED, FELL_BACK) or (
+            graph is not None and (graph.confirm and not graph.untied
+                                   or graph.pending is not None))
 
 
 _KEPT: List[Kept] = []
@@ -87,9 +96,16 @@ _READ: Dict[str, Any] = {}  # the file as read once by this process
 
 
 def path() -> Optional[str]:
-    """The store's file; None when ``ROCM_AUTOPATCH_RUNGS=off``."""
+    """The store's file; None when ``ROCM_AUTOPATCH_RUNGS=off``. By default beside the
+    compile caches where ``ROCM_AUTOPATCH_CACHE`` names them (a mounted directory: the rungs
+    outlive the container with the kernels they were found with), else the user's cache."""
     given = log.path_setting(settings.RUNGS)
-    return settings.user_cache("rungs.json") if given == "" else given
+    if given != "":
+        return given
+    root = str(log.setting(settings.CACHE, warn=False) or "").strip()
+    if root:
+        return os.path.join(os.path.abspath(os.path.expanduser(root)), "rungs.json")
+    return settings.user_cache("rungs.json")
 
 
 def at_compile(graph: Any, config_patches: Any) -> None:
@@ -127,6 +143,13 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
                 plan.crossings.remembered[names[i] if i < len(names) else str(i)] = value
     except Exception:  # noqa: BLE001 - the ladder starts at the bottom, as without a store
         return
+
+
+def doubt(graph: Any) -> None:
+    """A deferred verdict of ``graph`` that differed at exit, with no call left to confirm
+    it: its key is removed from the store (``keep``)."""
+    if graph.rungs is not None:
+        graph.rungs.doubted = True
 
 
 def passed(graph: Any, values: Optional[Dict[int, float]]) -> None:
@@ -234,16 +257,46 @@ def _compile_part(config_patches: Dict[str, Any], healed: Any) -> Optional[str]:
                 return None
             value = [type(value).__qualname__, str(uuid())]
         named[key] = value
-    matmul = torch.backends.cuda.matmul
-    context = [torch.is_grad_enabled(), torch.is_autocast_enabled(),
-               torch.get_float32_matmul_precision(), matmul.allow_tf32,
-               getattr(matmul, "allow_fp16_reduced_precision_reduction", None),
-               getattr(matmul, "allow_bf16_reduced_precision_reduction", None),
-               torch.are_deterministic_algorithms_enabled()]
-    parts = [json.dumps(named, sort_keys=True), json.dumps(context),
+    parts = [json.dumps(named, sort_keys=True), json.dumps(_context(torch)),
              json.dumps(healed, default=str, sort_keys=True), torch.__version__,
              str(probe.triton_version()), rocm_autopatch.__version__, _cache_dir()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+# What else decides the kernels a compile makes or the ATen ops it calls: grad mode (a
+# training forward is another graph), autocast, the precision of matmuls and convolutions
+# (old and new switches: on torch >= 2.9 reading the old raises once the new is set), the
+# BLAS library, the attention backends, deterministic algorithms. Each read on its own, its
+# warnings silenced (a deprecated switch warns): one a release lacks, or refuses, is named so
+# in the key.
+SWITCHES = ("is_grad_enabled()", "is_autocast_enabled()", "get_autocast_dtype('cuda')",
+            "is_autocast_enabled('cpu')", "get_autocast_dtype('cpu')",
+            "get_float32_matmul_precision()", "backends.cuda.matmul.allow_tf32",
+            "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+            "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+            "backends.cuda.matmul.fp32_precision", "backends.fp32_precision",
+            "backends.cudnn.allow_tf32", "backends.cudnn.conv.fp32_precision",
+            "backends.cuda.preferred_blas_library()", "backends.cuda.flash_sdp_enabled()",
+            "backends.cuda.mem_efficient_sdp_enabled()", "backends.cuda.math_sdp_enabled()",
+            "backends.cuda.cudnn_sdp_enabled()", "are_deterministic_algorithms_enabled()")
+
+
+def _context(torch: Any) -> List[str]:
+    found = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in SWITCHES:
+            path, _, call = name.partition("(")
+            value: Any = torch
+            try:
+                for part in path.split("."):
+                    value = getattr(value, part)
+                if call:  # "()" or "'cuda')": no argument, or one string
+                    value = value(*([call[1:-2]] if call != ")" else []))
+                found.append(repr(value))
+            except Exception as exc:  # noqa: BLE001 - a switch this release lacks, or refuses
+                found.append(type(exc).__name__)
+    return found
 
 
 def _tunable_op(torch: Any) -> bool:
@@ -296,10 +349,11 @@ def _plain(value: Any) -> bool:
 
 
 def one_of_several_ranks() -> bool:
-    """Is this process a rank of a job (``RANK``/``LOCAL_RANK`` set, ``WORLD_SIZE`` above 1,
-    or ``torch.distributed`` initialised now with more than one rank)?"""
+    """Is this process one rank of several (``WORLD_SIZE`` above 1; without it, ``RANK`` or
+    ``LOCAL_RANK`` set; or ``torch.distributed`` initialised now with more than one rank)?
+    A one-process launch (``WORLD_SIZE=1``) is not."""
     world = log.setting(settings.WORLD_SIZE, warn=False)
-    if log.rank() is not None or isinstance(world, int) and world > 1:
+    if isinstance(world, int) and world > 1 or world is None and log.rank() is not None:
         return True
     import torch
 

@@ -235,7 +235,7 @@ class Schedule:
                           or self.affordable()):
             return SHAPE
         if self.integers is not None:
-            if n % FOLLOW_GATE == 0 or not self.integers.gated:
+            if n % FOLLOW_GATE == 0 or not self.integers.gated and n <= FOLLOW_GATE:
                 gate(self)
             if self.integers.every_call:  # has a small integer passed its rung?
                 values, seconds = self.integers.read(flat, n)
