@@ -76,7 +76,7 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     largest = first["values"]["largest_checked"]
     # positions 16 to 299 on rungs 1.25x apart: about log(299 / 16) / log(1.25), 13 checks
     assert first["status"] == "passed" and climbed >= 10 and 240 < largest < 300, first
-    assert first["values"]["remembered"] == {}
+    assert first["values"]["remembered"] == {} and first["rungs"] == "none stored yet"
     (position,) = _stored(store)
     assert _stored(store) == {position: largest}
 
@@ -97,12 +97,14 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     assert [r["rank"] for r in ranks] == [0, 1], proc.stdout[-2000:]
     for r in ranks:
         assert r["status"] == "passed" and r["values"]["remembered"] == {}, r
+        assert r["rungs"] == "not read: one rank of several (kept at exit)", r
         assert r["checked_because"] == first["checked_because"], (r, first)
     # written again (the ranks kept what they passed), still one key: theirs was the first's
     assert store.stat().st_mtime_ns != written and _stored(store) == {position: largest}
 
     report = tmp_path / "report.json"  # the same positions: no rung left to check
     again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report))
+    assert again["rungs"] == "read: its ladder started there", again
     (name,) = again["values"]["remembered"]  # by the graph's name for the input
     assert "pos" in name and again["values"]["remembered"][name] == largest, again
     assert again["checked_because"] == {"first": 1, "shape": 0, "values": 0, "sampled": 0}
@@ -138,6 +140,7 @@ def test_a_graph_found_wrong_keeps_no_rung_and_a_damaged_store_warns_once(
 
     off, _ = _run(torch_venv, tmp_path / "unused.json", 300, ROCM_AUTOPATCH_RUNGS="off")
     assert off["values"]["remembered"] == {} and not (tmp_path / "unused.json").exists()
+    assert off["rungs"] == "off (ROCM_AUTOPATCH_RUNGS=off)", off
 
 
 # ---- the key and the store (in this process) ------------------------------------------
@@ -187,8 +190,12 @@ def test_no_key_where_kernels_are_tuned_caches_are_off_or_a_pass_cannot_be_named
     from rocm_autopatch.sentinel.scheduling import rungs
 
     for name in rungs.TUNED:
-        assert rungs._compile_part({name: True}, None) is None, name
-    assert rungs._compile_part({"force_disable_caches": True}, None) is None
+        why: list = []
+        assert rungs._compile_part({name: True}, None, why) is None, name
+        assert why == [f"none kept: kernels are tuned ({name})"]  # what the record says
+    why = []
+    assert rungs._compile_part({"force_disable_caches": True}, None, why) is None
+    assert why == ["none kept: Inductor's caches are off"]
     # a pass without torch's uuid
     assert rungs._compile_part({"post_grad_custom_post_pass": lambda g: None}, None) is None
     custom = pytest.importorskip("torch._inductor.custom_graph_pass")

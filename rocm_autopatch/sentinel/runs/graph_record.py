@@ -60,6 +60,9 @@ class GraphRecord:
     checks_read_later: int = 0
     repro: str = ""  # the repro directory of a graph found wrong ("" when none was written)
     healed: str = ""  # the remembered fix it was compiled with (sentinel.fixes)
+    # the store of rungs for it: read (where its ladder started is under values), none yet,
+    # or why it keeps none (sentinel.scheduling.rungs)
+    rungs: str = ""
     bisect: Optional[Dict[str, Any]] = None  # the background bisection started at exit
 
 

@@ -112,14 +112,22 @@ def at_compile(graph: Any, config_patches: Any) -> None:
     """At a watched graph's compile (``watch``): the compile's part of its key, with
     ``torch.compile``'s options applied as the compile saw them. Never raises: a graph
     without it keeps nothing."""
+    why: List[str] = []
     try:
-        if path() is not None:
-            compiled_with = _compile_part(config_patches or {}, graph.healed)
+        if path() is None:
+            why.append(f"off ({settings.RUNGS}=off)")
+        else:
+            compiled_with = _compile_part(config_patches or {}, graph.healed, why)
             if compiled_with is not None:
                 graph.rungs = Kept(graph, compiled_with)
                 _KEPT.append(graph.rungs)
-    except Exception:  # noqa: BLE001
-        return
+    except Exception as exc:  # noqa: BLE001
+        why.append(f"none kept: the compile's part of its key failed ({type(exc).__name__})")
+    try:
+        if why:
+            graph.note(rungs=why[0])
+    except Exception:  # noqa: BLE001 - the record's line only
+        pass
 
 
 def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
@@ -134,9 +142,12 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
         kept.integer = integer
         kept.key = _key(kept.compiled_with, graph.gm, flat, dynamic)
         if one_of_several_ranks():
+            graph.note(rungs="not read: one rank of several (kept at exit)")
             return
         names = [node.name for node in graph.placeholders]
-        for index, value in _load().get(kept.key, {}).get("integers", {}).items():
+        stored = _load().get(kept.key, {}).get("integers", {})
+        graph.note(rungs="read: its ladder started there" if stored else "none stored yet")
+        for index, value in stored.items():
             i = int(index)
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
                 plan.checked_max[i] = max(plan.checked_max.get(i, 0.0), float(value))
@@ -229,10 +240,12 @@ def _stored(where: str) -> Dict[str, Any]:
             if isinstance(v, dict) and isinstance(v.get("integers"), dict)}
 
 
-def _compile_part(config_patches: Dict[str, Any], healed: Any) -> Optional[str]:
+def _compile_part(config_patches: Dict[str, Any], healed: Any,
+                  why: Optional[List[str]] = None) -> Optional[str]:
     """The compile's part of the key (the module's docstring); None where kernels are tuned,
     Inductor's caches are off, or a setting holds what cannot be named alike in every
-    process (a custom pass without torch's ``uuid``)."""
+    process (a custom pass without torch's ``uuid``), the reason then added to ``why``."""
+    why = [] if why is None else why
     import torch
     from torch._inductor import config
 
@@ -241,10 +254,13 @@ def _compile_part(config_patches: Dict[str, Any], healed: Any) -> Optional[str]:
     with config.patch(config_patches):
         copied = config.get_config_copy()
         # read as attributes: a copy does not hold every switch (force_disable_caches)
-        tuned = any(getattr(config, name, False) for name in TUNED) or _tunable_op(torch)
+        tuned = [name for name in TUNED if getattr(config, name, False)] + (
+            ["TunableOp"] if _tunable_op(torch) else [])
         uncached = getattr(config, "force_disable_caches", False) or not getattr(
             config, "autotune_local_cache", True)
     if tuned or uncached:
+        why.append(f"none kept: kernels are tuned ({', '.join(tuned)})" if tuned else
+                   "none kept: Inductor's caches are off")
         return None
     named = {}
     for key, value in copied.items():
@@ -254,6 +270,7 @@ def _compile_part(config_patches: Dict[str, Any], healed: Any) -> Optional[str]:
         if not _plain(value):
             uuid = getattr(value, "uuid", None)  # torch's CustomGraphPass names itself
             if not callable(uuid):
+                why.append(f"none kept: Inductor's {key} has no uuid to name it by")
                 return None
             value = [type(value).__qualname__, str(uuid())]
         named[key] = value
