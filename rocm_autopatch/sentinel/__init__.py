@@ -79,8 +79,7 @@ def rungs_kept() -> Dict[str, Any]:
     (None: ``ROCM_AUTOPATCH_RUNGS=off``) and how many graphs it holds."""
     from rocm_autopatch.sentinel.scheduling import rungs
 
-    where = rungs.path()
-    return {"store": where, "graphs": len(rungs._stored(where)) if where else 0}
+    return rungs.held()
 
 
 def remembered() -> Dict[str, Any]:

@@ -217,7 +217,7 @@ def positioned_wrong(x: Any, pos: Any) -> Any:  # the "compiled" graph: wrong pa
 def _kept(graph: Graph) -> rungs.Kept:
     """The graph's part of the store of rungs (``watch`` makes it at the compile), its
     position (input 1) an integer input on the ladder."""
-    graph.rungs = rungs.Kept(graph, "compiled")
+    graph.rungs = rungs.Kept(graph, {})
     graph.rungs.key, graph.rungs.integer = "key", frozenset({1})
     return graph.rungs
 

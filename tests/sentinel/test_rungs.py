@@ -232,7 +232,7 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     monkeypatch.setattr(rungs, "_KEPT", [])
 
     def kept(graph: _Graph, key: str) -> rungs.Kept:
-        graph.rungs = rungs.Kept(graph, "compiled")
+        graph.rungs = rungs.Kept(graph, {})
         graph.rungs.key, graph.rungs.integer = key, frozenset({2})
         rungs._KEPT.append(graph.rungs)
         return graph

@@ -9,8 +9,9 @@ time on an H200 where a long-running one paid 0.5% (BENCHMARKS.md, "A long run's
 state, past the ladder"). What a rung covers is the compiled code at that position, so a
 rung is kept by what that code follows from:
 
-- at the compile (``at_compile``): Inductor's settings as the compile saw them
-  (``torch.compile``'s ``mode`` and ``options`` included; every value of
+- the compile's part (``_compile_part``, made at the graph's first check, which the
+  compile's own call makes at once): Inductor's settings as the compile saw them
+  (``torch.compile``'s ``mode`` and ``options``, kept by ``at_compile``; every value of
   ``torch._inductor.config`` but where files go and how many workers compile; a custom pass
   by its ``uuid``, as torch's own cache key names it: one without is a graph not kept),
   grad mode, autocast, the matmul and convolution precision switches, the BLAS library,
@@ -18,7 +19,7 @@ rung is kept by what that code follows from:
   torch's, Triton's and rocm-autopatch's versions; Inductor's cache directory, where the
   kernel configurations Inductor benchmarks at a kernel's first launch are kept (a process
   with another directory may choose others);
-- at the first check (``recall``): the graph's code, its inputs' and held tensors' shapes,
+- the graph's part (``_key``): its code, its inputs' and held tensors' shapes,
   strides, dtypes and devices (a dynamic input's dtype and device only), the GPU's name and
   compute units.
 
@@ -72,10 +73,10 @@ class Kept:
     """One watched graph's part of the store: its key, the largest value of each integer
     input at a check that passed, and its record (its status at exit)."""
 
-    def __init__(self, graph: Any, compiled_with: str) -> None:
+    def __init__(self, graph: Any, config_patches: Dict[str, Any]) -> None:
         self.graph = weakref.ref(graph)
         self.entry: Dict[str, Any] = graph.entry
-        self.compiled_with = compiled_with  # the compile's part of the key
+        self.config_patches = config_patches  # ``torch.compile``'s options, for the key
         self.key: Optional[str] = None  # set at the first check
         self.integer: frozenset = frozenset()
         self.passed: Dict[int, float] = {}
@@ -109,38 +110,34 @@ def path() -> Optional[str]:
 
 
 def at_compile(graph: Any, config_patches: Any) -> None:
-    """At a watched graph's compile (``watch``): the compile's part of its key, with
-    ``torch.compile``'s options applied as the compile saw them. Never raises: a graph
-    without it keeps nothing."""
-    why: List[str] = []
-    try:
-        if path() is None:
-            why.append(f"off ({settings.RUNGS}=off)")
-        else:
-            compiled_with = _compile_part(config_patches or {}, graph.healed, why)
-            if compiled_with is not None:
-                graph.rungs = Kept(graph, compiled_with)
-                _KEPT.append(graph.rungs)
-    except Exception as exc:  # noqa: BLE001
-        why.append(f"none kept: the compile's part of its key failed ({type(exc).__name__})")
-    try:
-        if why:
-            graph.note(rungs=why[0])
-    except Exception:  # noqa: BLE001 - the record's line only
-        pass
+    """At a watched graph's compile (``watch``): ``torch.compile``'s options, which Inductor
+    applies only inside the compile, kept for the key. The rest of the key is made at the
+    graph's first check (``recall``), which the compile's own call makes at once: the
+    program's state (grad mode, autocast, settings) is the compile's, and a graph without
+    integer inputs pays nothing for it."""
+    graph.rungs = Kept(graph, dict(config_patches or {}))
 
 
 def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
-    """At a graph's first check (``plan.magnitudes`` set): start its integers' ladder at the
-    rungs an earlier process passed. Never raises: a store that cannot be read starts the
-    ladder at the bottom."""
+    """At a graph's first check (``plan.magnitudes`` set): its key, and its integers' ladder
+    started at the rungs an earlier process passed; its record says which, or why it keeps
+    none. Never raises: a store that cannot be read starts the ladder at the bottom."""
     kept, plan = graph.rungs, graph.schedule
     try:
         integer = plan.magnitudes.integer if plan.magnitudes is not None else frozenset()
         if kept is None or not integer:
             return
+        if path() is None:
+            graph.note(rungs=f"off ({settings.RUNGS}=off)")
+            return
+        why: List[str] = []
+        compiled_with = _compile_part(kept.config_patches, graph.healed, why)
+        if compiled_with is None:
+            graph.note(rungs=why[0])
+            return
         kept.integer = integer
-        kept.key = _key(kept.compiled_with, graph.gm, flat, dynamic)
+        kept.key = _key(compiled_with, graph.gm, flat, dynamic)
+        _KEPT.append(kept)
         if one_of_several_ranks():
             graph.note(rungs="not read: one rank of several (kept at exit)")
             return
@@ -152,8 +149,15 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
                 plan.checked_max[i] = max(plan.checked_max.get(i, 0.0), float(value))
                 plan.crossings.remembered[names[i] if i < len(names) else str(i)] = value
-    except Exception:  # noqa: BLE001 - the ladder starts at the bottom, as without a store
-        return
+    except Exception as exc:  # noqa: BLE001 - the ladder starts at the bottom
+        graph.note(rungs=f"none read: its key could not be made ({type(exc).__name__})")
+
+
+def held() -> Dict[str, Any]:
+    """The store's file (None: ``ROCM_AUTOPATCH_RUNGS=off``) and how many graphs it holds
+    (the doctor's line)."""
+    where = path()
+    return {"store": where, "graphs": len(_stored(where)) if where else 0}
 
 
 def doubt(graph: Any) -> None:
