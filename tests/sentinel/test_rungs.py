@@ -102,9 +102,17 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     # written again (the ranks kept what they passed), still one key: theirs was the first's
     assert store.stat().st_mtime_ns != written and _stored(store) == {position: largest}
 
-    report = tmp_path / "report.json"  # the same positions: no rung left to check
-    again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report))
-    assert again["rungs"] == "read: its ladder started there", again
+    # The same positions: no rung left to check. With a budget for sampled checks, the
+    # period comes from the warm checks' cost the first process kept, so no call is checked
+    # only to time one (without it, call 1 + CALIBRATE_AFTER would be: test_schedule).
+    cost = json.loads(store.read_text())["graphs"]
+    (cost,) = [entry["check_seconds"] for entry in cost.values()]
+    assert 0 < cost < 1, cost
+    report = tmp_path / "report.json"
+    again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report),
+                    ROCM_AUTOPATCH_VERIFY_BUDGET="0.01")
+    assert again["rungs"] == ("read: its ladder started there; its sampled checks' period "
+                              f"from a check's cost then ({1e3 * cost:.2f} ms)"), again
     (name,) = again["values"]["remembered"]  # by the graph's name for the input
     assert "pos" in name and again["values"]["remembered"][name] == largest, again
     assert again["checked_because"] == {"first": 1, "shape": 0, "values": 0, "sampled": 0}
@@ -218,8 +226,10 @@ class _Graph:
     for a device: ``test_deferred.py``.)"""
 
     def __init__(self, status: str, confirm: int = 0, untied: int = 0) -> None:
+        from rocm_autopatch.sentinel.scheduling.schedule import Schedule
+
         self.entry, self.confirm, self.pending = {"status": status}, confirm, None
-        self.untied = untied
+        self.untied, self.schedule = untied, Schedule(1, 0.01, [])
 
 
 @pytest.mark.fast
@@ -245,15 +255,20 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
         rungs.passed(graph, {2: 120.0, 0: 5.0})  # 0: not an integer input
     rungs.passed(checked, {2: 90.0})
     assert launched.rungs.passed == {} and checked.rungs.passed == {2: 120.0}
+    checked.schedule.warm = [4e-3, 9e-3, 5e-3]  # its warm checks' costs: the period's
     store.write_text(json.dumps({"version": rungs.STORE_VERSION, "graphs": {
         "k1": {"integers": {"2": 50.0}}, "k2": {"integers": {"2": 60.0}},
-        "k3": {"integers": {"2": 200.0}}}}))
+        "k3": {"integers": {"2": 200.0}, "check_seconds": 0.007},
+        "k5": {"integers": {}, "check_seconds": 0.003}}}))
     assert rungs.keep() == 2
     graphs = json.loads(store.read_text())["graphs"]
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
     # its largest (a value only rises), k5 rises to 120; k4 passed nothing
     assert set(graphs) == {"k3", "k5"} and graphs["k3"]["integers"] == {"2": 200.0}
     assert graphs["k5"]["integers"] == {"2": 120.0}
+    # a check's cost: this process's (the lower median of its warm checks) replaces the
+    # stored one; a graph that timed none keeps what was stored
+    assert graphs["k3"]["check_seconds"] == 0.005 and graphs["k5"]["check_seconds"] == 0.003
 
 
 @pytest.mark.fast

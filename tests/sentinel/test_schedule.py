@@ -13,6 +13,7 @@ import torch
 from conftest import dynamo_graph
 
 from rocm_autopatch.sentinel.scheduling import coverage, crossings, integers, magnitudes, schedule
+from rocm_autopatch.sentinel.scheduling.ledger import Ledger
 
 pytestmark = pytest.mark.fast
 
@@ -29,7 +30,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
     monkeypatch.setattr(schedule.time, "perf_counter", c)
-    monkeypatch.setattr(schedule, "LEDGER", schedule.Ledger())
+    monkeypatch.setattr(schedule, "LEDGER", Ledger())
     return c
 
 
@@ -517,6 +518,41 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
         assert len([c for c, why in checks if c <= s and why != schedule.FIRST]) <= s // 2048
     assert sampled[0] == (len(forced) + 1) * 2048  # the forced checks' periods come first
     assert plan.spent <= 0.01 * 0.75 * 100000 * 4.4e-3
+
+
+def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_check(
+        clock: Clock) -> None:
+    """A later process whose ladder starts where an earlier one's stopped (``rungs``) runs
+    no warm check in its first calls: without a remembered cost it checks call 33 only to
+    time one; with it, that call sets the period from the remembered cost and its own pace,
+    unchecked, and its first own warm check's cost replaces the remembered one."""
+    def run(remembered: Any) -> Tuple[List[Tuple[int, str]], schedule.Schedule]:
+        schedule.LEDGER.__init__()  # each run a process of its own
+        plan = schedule.Schedule(1, 0.01, [])
+        plan.remembered = remembered
+        checks = []
+        for step in range(1, 4001):
+            flat = [torch.ones(2)]
+            why = plan.due(flat)
+            if why is not None:
+                checks.append((step, why))
+                cost = 0.2 if why == schedule.FIRST else 40e-3  # a cold first check
+                plan.checked(why, flat, {}, True, 4e-3, 4e-3 + cost, [])
+                clock.now += cost
+            clock.now += 4.4e-3
+        return checks, plan
+
+    calibrated, _ = run(None)
+    assert calibrated[:2] == [(1, schedule.FIRST), (1 + schedule.CALIBRATE_AFTER,
+                                                     schedule.SAMPLED)]
+    remembered, plan = run(40e-3)
+    # no check at call 33; the period 40 ms / (0.75% of 4.4 ms) = 1,212 -> 2,048, as the
+    # calibrating check's own would be, so the same sampled calls after it
+    assert remembered == [(1, schedule.FIRST), (2048, schedule.SAMPLED)]
+    assert [c for c in calibrated if c[0] > 1 + schedule.CALIBRATE_AFTER] == remembered[1:]
+    assert plan.warm == [pytest.approx(40e-3)]  # its own, measured since
+    _, cheap = run(1e-3)  # a remembered cost below this process's: its own check corrects it
+    assert cheap.period == 2048 and cheap.overhead() == pytest.approx(40e-3)
 
 
 def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed(

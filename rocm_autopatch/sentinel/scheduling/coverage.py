@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-from rocm_autopatch.sentinel.scheduling.schedule import Schedule, share_since
+from rocm_autopatch.sentinel.scheduling.ledger import share_since
+from rocm_autopatch.sentinel.scheduling.schedule import Schedule
 
 
 def of(plan: Schedule) -> Dict[str, Any]:

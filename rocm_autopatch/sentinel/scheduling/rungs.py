@@ -29,6 +29,11 @@ where Inductor's caches are off. A change to the compiler that none of these sho
 (Inductor's decompositions or passes patched in place by the program) is not seen:
 ``ROCM_AUTOPATCH_RUNGS=off``, or a deleted file, starts every ladder at the bottom again.
 
+With the rungs, a warm check's cost (``check_seconds``): a later process whose ladder
+starts high may run no warm check in its first calls, and would otherwise check one call
+``CALIBRATE_AFTER`` calls on only to time one (``Schedule``); it sets the sampled checks'
+period from that cost and its own pace instead, until one of its own checks is timed.
+
 Only checks whose verdict passed raise a graph's rungs (``passed``, from ``check`` and
 ``pending``); at exit (after the last verdicts are read) a key whose graphs all passed is
 written with its largest, and a key with a graph found wrong, or whose last verdict
@@ -142,8 +147,13 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
             graph.note(rungs="not read: one rank of several (kept at exit)")
             return
         names = [node.name for node in graph.placeholders]
-        stored = _load().get(kept.key, {}).get("integers", {})
-        graph.note(rungs="read: its ladder started there" if stored else "none stored yet")
+        entry = _load().get(kept.key, {})
+        stored, cost = entry.get("integers", {}), entry.get("check_seconds")
+        if plan.budget > 0 and isinstance(cost, (int, float)) and 0 < cost < math.inf:
+            plan.remembered = float(cost)  # the period set without a calibrating check
+        graph.note(rungs="read: its ladder started there" + (
+            f"; its sampled checks' period from a check's cost then ({1e3 * cost:.2f} ms)"
+            if plan.remembered else "") if stored else "none stored yet")
         for index, value in stored.items():
             i = int(index)
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
@@ -184,6 +194,7 @@ def keep() -> int:
     try:
         where = path()
         rise: Dict[str, Dict[str, float]] = {}
+        costs: Dict[str, float] = {}  # a warm check's cost, the period's (``Schedule``)
         drop = set()
         for kept in list(_KEPT):
             if kept.key is None:
@@ -194,10 +205,14 @@ def keep() -> int:
                 found = rise.setdefault(kept.key, {})
                 for i, v in kept.passed.items():
                     found[str(i)] = max(found.get(str(i), 0.0), v)
+                graph = kept.graph()
+                if graph is not None and graph.schedule.warm:
+                    cost = graph.schedule.overhead()
+                    costs[kept.key] = max(costs.get(kept.key, 0.0), cost)
         for key in drop:
             rise.pop(key, None)
         if where and (rise or drop):
-            _write(where, rise, drop)
+            _write(where, rise, drop, costs)
         return len(rise)
     except Exception as exc:  # noqa: BLE001 - never at exit
         if log.path_setting(settings.RUNGS):  # a path the user named: said once
@@ -207,16 +222,21 @@ def keep() -> int:
         return 0
 
 
-def _write(where: str, rise: Dict[str, Dict[str, float]], drop: set) -> None:
+def _write(where: str, rise: Dict[str, Dict[str, float]], drop: set,
+           costs: Dict[str, float]) -> None:
     with files.directory_lock(os.path.dirname(where)):
         graphs = _stored(where)
         now = datetime.datetime.now().isoformat(timespec="seconds")
         for key in drop:
             graphs.pop(key, None)
         for key, values in rise.items():
-            old = graphs.get(key, {}).get("integers", {})
+            before = graphs.get(key, {})
+            old = before.get("integers", {})
             merged = {i: max(float(old.get(i, 0.0)), v) for i, v in values.items()}
             graphs[key] = {"integers": {**old, **merged}, "when": now}
+            cost = costs.get(key, before.get("check_seconds"))  # this process's, else kept
+            if cost:
+                graphs[key]["check_seconds"] = round(cost, 6)
         kept = dict(sorted(graphs.items(), key=lambda kv: str(kv[1].get("when")))[-KEEP:])
         files.write_atomically(where, json.dumps({"version": STORE_VERSION, "graphs": kept},
                                                  indent=1))

@@ -31,7 +31,8 @@ watched for the whole run:
   check a new shape or new values forced stands in for one of them, so that forced and
   sampled checks together keep to it. ``period`` is a power of
   two made from the costs measured at warm checks (one is made ``CALIBRATE_AFTER`` calls
-  after the first ones); calls are chosen by their number, never by a random draw.
+  after the first ones, unless an earlier process's is remembered: ``rungs``); calls are
+  chosen by their number, never by a random draw.
 
 The budget (``ROCM_AUTOPATCH_VERIFY_BUDGET``) is a share of the program's wall time, not of
 the graph's own: a graph's costs are set against the time the program takes per call of it
@@ -56,6 +57,7 @@ import torch
 from rocm_autopatch.sentinel.scheduling import quiet
 from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
 from rocm_autopatch.sentinel.scheduling.integers import TIMED, Integers
+from rocm_autopatch.sentinel.scheduling.ledger import LEDGER, lower_median, share_since
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
 
 FIRST, SHAPE, VALUES, SAMPLED = "first", "shape", "values", "sampled"
@@ -121,46 +123,6 @@ def _size_class(x: Any) -> int:
     return 0
 
 
-class Ledger:
-    """What the graphs of the process share: the budget, split evenly between the graphs
-    called past their first calls (so that their shares add up to it, each set against the
-    program's time per call of that graph), and the sentinel's time over all of them."""
-
-    def __init__(self) -> None:
-        self.start: Optional[float] = None  # the first warm call of any graph
-        self.graphs = 0  # graphs called past their first calls
-        self.spent = 0.0  # seconds of sampled checks and value reads, all graphs
-        self.wrapper = 0.0  # seconds the wrapper took at calls, beyond what ``spent`` holds
-        # (each graph's own too: ``Schedule.wrapper``)
-
-    def join(self) -> None:
-        """A graph's first call past its first calls."""
-        self.graphs += 1
-        if self.start is None:
-            self.start = time.perf_counter()
-
-    def share(self, budget: float) -> float:
-        return budget / max(self.graphs, 1)
-
-    def spent_share(self) -> float:
-        """The sentinel's share of the wall time since the first warm call: its checks, its
-        reads and its wrapper at every call (``check.call``). Each graph's checks answer to
-        its wrapper (``checks_share``); its reads to their quarter of the budget."""
-        return share_since(self.spent + self.wrapper, self.start)
-
-
-def lower_median(values: List[float]) -> float:
-    """The lower median: one slow outlier in three (a cold first run) does not move it."""
-    return sorted(values)[(len(values) - 1) // 2]
-
-
-def share_since(spent: float, since: Optional[float]) -> float:
-    """``spent`` seconds as a share of the wall time since ``since`` (0 before it)."""
-    elapsed = time.perf_counter() - since if since is not None else 0.0
-    return round(spent / elapsed, 5) if elapsed > 0 else 0.0
-
-
-LEDGER = Ledger()
 
 
 class Schedule:
@@ -191,6 +153,7 @@ class Schedule:
         self.wrapper = 0.0  # seconds the wrapper took at its calls (``check.wrapped``)
         self.overheads: List[float] = []  # of the checks, beyond their compiled call
         self.warm: List[float] = []  # the same, of checks after the first calls
+        self.remembered: Optional[float] = None  # a warm check's cost, an earlier process's
         self.sampled_calls: List[int] = []  # the last sampled checks' call numbers
         self.sampled_period = 0  # the period in force at the last sampled check
         self.period = 0  # sampled checks: every period-th call (0: none yet)
@@ -232,7 +195,7 @@ class Schedule:
             LEDGER.join()
         if new_shape and (len(self.checked_shapes) < SHAPE_CAP
                           or self.size_class(flat) not in self.checked_classes
-                          or self.affordable()):
+                          or affordable(self)):
             return SHAPE
         if self.integers is not None:
             if n % FOLLOW_GATE == 0 or not self.integers.gated and n <= FOLLOW_GATE:
@@ -258,10 +221,9 @@ class Schedule:
             self.values_read_stride = 1
             return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
-            # One early sampled check measures a warm check and a warm call (unless one
-            # ran): the first calls' include one-time costs (kernels loaded, caches
-            # filled) that would make the period far too long.
-            return self._sample(n, n)
+            # A warm check timed (unless one ran; the first calls' pay one-time costs that
+            # would make the period far too long), or one an earlier process timed (rungs)
+            return self._sample(n, n) if self.remembered is None else self.set_period()
         if self.period and n % self.period == 0:
             # The budget allows one check per period: each check a shape or the values
             # forced stands in for one period's sampled check (a decode loop's six position
@@ -301,19 +263,19 @@ class Schedule:
             return self.call_seconds
         return max((time.perf_counter() - self.clock) / warm, self.call_seconds or 0.0)
 
-    def affordable(self) -> bool:
-        """Would one more check past the shape cap keep the checks beyond the first calls
-        within the budget's share of the program's time since them?"""
-        pace = self.pace()
-        if self.budget <= 0 or pace is None or not self.overheads:
-            return False
-        warm = max(self.calls - self.first, 1)
-        return self.spent + self.overhead() <= checks_share(self) * warm * pace
-
     def overhead(self) -> float:
         """What a check costs beyond its compiled call: the lower median of the last eight
-        warm ones (the first calls' checks are cold: used only until a warm one ran)."""
-        return lower_median(self.warm[-8:] or self.overheads[-8:])
+        warm ones; before one ran, what an earlier process measured, else the first calls'
+        (cold: kernels loaded, references built)."""
+        return lower_median(self.warm[-8:] or ([self.remembered] if self.remembered else [])
+                            or self.overheads[-8:])
+
+    def set_period(self) -> None:
+        """The sampled checks' period from a check's cost and the program's pace (None: no
+        check is due, for ``due``)."""
+        pace = self.pace()
+        if self.budget > 0 and pace:
+            self.period = _power_of_two(self.overhead() / (checks_share(self) * pace))
 
     def new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
@@ -359,9 +321,17 @@ class Schedule:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
             LEDGER.spent += overhead
-        pace = self.pace()
-        if self.budget > 0 and pace:
-            self.period = _power_of_two(self.overhead() / (checks_share(self) * pace))
+        self.set_period()
+
+
+def affordable(plan: Schedule) -> bool:
+    """Would one more check past the shape cap keep ``plan``'s checks beyond the first calls
+    within the budget's share of the program's time since them?"""
+    pace = plan.pace()
+    if plan.budget <= 0 or pace is None or not plan.overheads:
+        return False
+    warm = max(plan.calls - plan.first, 1)
+    return plan.spent + plan.overhead() <= checks_share(plan) * warm * pace
 
 
 def checks_share(plan: Schedule) -> float:
