@@ -118,7 +118,7 @@ with torch.no_grad():
         out["ledger_wrapper_s"] = round(schedule.LEDGER.wrapper, 4)
 graphs = rocm_autopatch.report().verify.get("graphs", [])
 keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
-        "values_stride", "found_at_call", "found_because", "budget_spent", "reason",
+        "values_stride", "found_at_call", "found_because", "budget_spent", "reason", "rungs",
         "checks_read_later", "references", "values")
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 out["check_costs_ms"] = costs
