@@ -5,7 +5,8 @@ on the device for many values at once and read in one transfer.
 A value's statistics are reductions over its elements; values are laid end to end (one
 segment each) and every reduction is one ``index_add_`` or ``scatter_reduce_`` over the
 segments, so the number of ops does not grow with the number of values or of their dtypes
-and sizes. On a GPU each op is a Python dispatch and a launch: a decode step's logits and
+and sizes (a value judged alone is reduced as a whole: ``_segmented``). On a GPU each op is
+a Python dispatch and a launch: a decode step's logits and
 16 written cache regions took two batches of some 85 ops each; laid end to end they take one
 of about 60 (the judge 2.8 ms before, 2.0 after, of a 21 ms check on an H100,
 BENCHMARKS.md). Where the caller keeps a graph's ``Captures`` (a verdict read later, on a
@@ -154,15 +155,9 @@ def _on_device(values: List[Value], per_value: torch.Tensor, tol: float
     element: device work only (no transfer, no size read from the device), so that it can
     be captured as a graph and replayed (``Captures``)."""
     f64, c64, r64, close_el = _runs(values, tol)
-    device = f64.device
     segments = len(values)
-    seg = torch.repeat_interleave(torch.arange(segments, device=device),
-                                  per_value[3].long(), output_size=len(f64))
-    eps_el, big_el = per_value[0::2][:, seg]  # (eps, max) per element
-
-    def sums(*rows: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(len(rows), segments, dtype=torch.float64,
-                           device=device).index_add_(1, seg, torch.stack(rows))
+    sums, amax, spread = _segmented(segments, per_value, len(f64))
+    eps_el, big_el = spread(per_value[0::2])  # (eps, max) per element
 
     overflow = f64.abs() > big_el  # inf is the right rounding there
     good = torch.isfinite(f64) & ~overflow
@@ -176,20 +171,44 @@ def _on_device(values: List[Value], per_value: torch.Tensor, tol: float
         (c64 - f64) ** 2, (r64 - f64) ** 2, (~close_el).double())
     count = n.clamp(min=1)
     floor = torch.maximum(torch.sqrt(squares / count), per_value[1])  # the value's RMS
-    unit = eps_el * torch.maximum(fv.abs(), floor[seg])
+    unit = eps_el * torch.maximum(fv.abs(), spread(floor))
     err_c, err_e = dc / unit, dr / unit
     sign = torch.sign(fv)
     bias_c, bias_e = sums(err_c * sign, err_e * sign)
-    largest = torch.stack([err_c.abs(), err_e.abs(), overflow.double()])
-    worst_c, worst_e, overflowed = torch.zeros(3, segments, dtype=torch.float64,
-                                               device=device).scatter_reduce_(
-        1, seg.expand(3, -1), largest, "amax")
+    worst_c, worst_e, overflowed = amax(err_c.abs(), err_e.abs(), overflow.double())
     scale = per_value[0] * floor
     rows = torch.stack([
         nonfinite, overflowed, n, worst_c, worst_e, torch.sqrt(sq_c / count) / scale,
         torch.sqrt(sq_e / count) / scale, bias_c / count, bias_e / count, (not_close == 0).double(),
         torch.sqrt(torch_c / per_value[3]), torch.sqrt(torch_e / per_value[3])], dim=1)
     return rows, err_c
+
+
+def _segmented(segments: int, per_value: torch.Tensor, numel: int) -> Tuple[Callable, ...]:
+    """The batch's per-segment sums and maxima of rows of its elements, and a per-value
+    tensor spread to its elements. Several values: one ``index_add_`` or ``scatter_reduce_``
+    over the segments (at most ``BATCH_NUMEL`` elements meet at one address). A value alone
+    (one larger than ``BATCH_NUMEL``: a weight's gradient) is reduced as a whole: every
+    element added atomically into one address serialises on a GPU (a training step's
+    gradients, some 480M elements, took seconds a check on an H200, BENCHMARKS.md)."""
+    device = per_value.device
+    if segments == 1 and numel:
+        return ((lambda *rows: torch.stack(rows).sum(1, keepdim=True)),
+                (lambda *rows: torch.stack(rows).amax(1, keepdim=True)),
+                (lambda x: x[..., 0]))
+    seg = torch.repeat_interleave(torch.arange(segments, device=device),
+                                  per_value[3].long(), output_size=numel)
+
+    def sums(*rows: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(rows), segments, dtype=torch.float64,
+                           device=device).index_add_(1, seg, torch.stack(rows))
+
+    def amax(*rows: torch.Tensor) -> torch.Tensor:  # of values >= 0: 0 for an empty one
+        return torch.zeros(len(rows), segments, dtype=torch.float64,
+                           device=device).scatter_reduce_(1, seg.expand(len(rows), -1),
+                                                          torch.stack(rows), "amax")
+
+    return sums, amax, (lambda x: x[..., seg])
 
 
 def _errors(values: List[Value], rows: List[List[float]], err_c: torch.Tensor
