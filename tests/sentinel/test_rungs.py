@@ -105,9 +105,10 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
     # The same positions: no rung left to check. With a budget for sampled checks, the
     # period comes from the warm checks' cost the first process kept, so no call is checked
     # only to time one (without it, call 1 + CALIBRATE_AFTER would be: test_schedule).
-    cost = json.loads(store.read_text())["graphs"]
-    (cost,) = [entry["check_seconds"] for entry in cost.values()]
-    assert 0 < cost < 1, cost
+    (costs,) = [entry["check_seconds"] for entry in
+                json.loads(store.read_text())["graphs"].values()]
+    assert len(costs) == 3 and all(0 < c < 1 for c in costs), costs  # the first, two ranks
+    cost = sorted(costs)[1]  # their lower median
     report = tmp_path / "report.json"
     again, _ = _run(torch_venv, store, 300, ROCM_AUTOPATCH_REPORT=str(report),
                     ROCM_AUTOPATCH_VERIFY_BUDGET="0.01")
@@ -256,19 +257,25 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     rungs.passed(checked, {2: 90.0})
     assert launched.rungs.passed == {} and checked.rungs.passed == {2: 120.0}
     checked.schedule.warm = [4e-3, 9e-3, 5e-3]  # its warm checks' costs: the period's
+    tied.schedule.warm = [2e-3]
     store.write_text(json.dumps({"version": rungs.STORE_VERSION, "graphs": {
         "k1": {"integers": {"2": 50.0}}, "k2": {"integers": {"2": 60.0}},
+        # costs as first written (one number) or a list, with what no cost can be in it
         "k3": {"integers": {"2": 200.0}, "check_seconds": 0.007},
-        "k5": {"integers": {}, "check_seconds": 0.003}}}))
+        "k5": {"integers": {}, "check_seconds": [0.003, "0.004", None, -1, 1e400, True]}}}))
     assert rungs.keep() == 2
     graphs = json.loads(store.read_text())["graphs"]
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
     # its largest (a value only rises), k5 rises to 120; k4 passed nothing
     assert set(graphs) == {"k3", "k5"} and graphs["k3"]["integers"] == {"2": 200.0}
     assert graphs["k5"]["integers"] == {"2": 120.0}
-    # a check's cost: this process's (the lower median of its warm checks) replaces the
-    # stored one; a graph that timed none keeps what was stored
-    assert graphs["k3"]["check_seconds"] == 0.005 and graphs["k5"]["check_seconds"] == 0.003
+    # each process's check cost (the lower median of its warm checks) follows the ones
+    # stored, the last eight kept; what is not a cost is dropped, not fatal
+    assert graphs["k3"]["check_seconds"] == [0.007, 0.005]
+    assert graphs["k5"]["check_seconds"] == [0.003, 0.002]
+    # a later process starts from their lower median: one inflated cost does not set it
+    assert rungs._costs(graphs["k3"]["check_seconds"] + [0.08]) == [0.007, 0.005, 0.08]
+    assert rungs.lower_median([0.007, 0.005, 0.08]) == 0.007
 
 
 @pytest.mark.fast

@@ -29,10 +29,13 @@ where Inductor's caches are off. A change to the compiler that none of these sho
 (Inductor's decompositions or passes patched in place by the program) is not seen:
 ``ROCM_AUTOPATCH_RUNGS=off``, or a deleted file, starts every ladder at the bottom again.
 
-With the rungs, a warm check's cost (``check_seconds``): a later process whose ladder
-starts high may run no warm check in its first calls, and would otherwise check one call
-``CALIBRATE_AFTER`` calls on only to time one (``Schedule``); it sets the sampled checks'
-period from that cost and its own pace instead, until one of its own checks is timed.
+With the rungs, what a warm check cost (``check_seconds``: each of the last ``COSTS``
+processes' lower median of its warm checks, the key's graphs' lower median): a later
+process whose ladder starts high may run no warm check in its first calls, and would
+otherwise check one call ``CALIBRATE_AFTER`` calls on only to time one (``Schedule``); it
+sets the sampled checks' period from their lower median and its own pace instead, until
+one of its own checks is timed. One process's inflated cost (a first check that paid a
+capture) does not set it alone, and a later process's checks bring it back.
 
 Only checks whose verdict passed raise a graph's rungs (``passed``, from ``check`` and
 ``pending``); at exit (after the last verdicts are read) a key whose graphs all passed is
@@ -64,9 +67,11 @@ from typing import Any, Dict, List, Optional
 
 from rocm_autopatch import files, log, probe, settings
 from rocm_autopatch.sentinel.judging.status import FAILED, FELL_BACK, PASSED
+from rocm_autopatch.sentinel.scheduling.ledger import lower_median
 
 STORE_VERSION = 1
 KEEP = 4096  # graphs kept in the file: the most recently written
+COSTS = 8  # processes' check costs kept per graph
 # (``benchmark_epilogue_fusion``, on by default, acts only under ``max_autotune``)
 TUNED = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise",
          "coordinate_descent_tuning", "benchmark_fusion", "benchmark_combo_kernel")
@@ -148,12 +153,13 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
             return
         names = [node.name for node in graph.placeholders]
         entry = _load().get(kept.key, {})
-        stored, cost = entry.get("integers", {}), entry.get("check_seconds")
-        if plan.budget > 0 and isinstance(cost, (int, float)) and 0 < cost < math.inf:
-            plan.remembered = float(cost)  # the period set without a calibrating check
+        stored, costs = entry.get("integers", {}), _costs(entry.get("check_seconds"))
+        if stored and costs and plan.budget > 0:  # the period set without a calibrating check
+            plan.remembered = lower_median(costs)
         graph.note(rungs="read: its ladder started there" + (
-            f"; its sampled checks' period from a check's cost then ({1e3 * cost:.2f} ms)"
-            if plan.remembered else "") if stored else "none stored yet")
+            f"; its sampled checks' period from a check's cost then "
+            f"({1e3 * plan.remembered:.2f} ms)" if plan.remembered else "")
+            if stored else "none stored yet")
         for index, value in stored.items():
             i = int(index)
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
@@ -194,7 +200,7 @@ def keep() -> int:
     try:
         where = path()
         rise: Dict[str, Dict[str, float]] = {}
-        costs: Dict[str, float] = {}  # a warm check's cost, the period's (``Schedule``)
+        costs: Dict[str, List[float]] = {}  # warm checks' costs, the period's (``Schedule``)
         drop = set()
         for kept in list(_KEPT):
             if kept.key is None:
@@ -207,8 +213,7 @@ def keep() -> int:
                     found[str(i)] = max(found.get(str(i), 0.0), v)
                 graph = kept.graph()
                 if graph is not None and graph.schedule.warm:
-                    cost = graph.schedule.overhead()
-                    costs[kept.key] = max(costs.get(kept.key, 0.0), cost)
+                    costs.setdefault(kept.key, []).append(graph.schedule.overhead())
         for key in drop:
             rise.pop(key, None)
         if where and (rise or drop):
@@ -223,7 +228,7 @@ def keep() -> int:
 
 
 def _write(where: str, rise: Dict[str, Dict[str, float]], drop: set,
-           costs: Dict[str, float]) -> None:
+           costs: Dict[str, List[float]]) -> None:
     with files.directory_lock(os.path.dirname(where)):
         graphs = _stored(where)
         now = datetime.datetime.now().isoformat(timespec="seconds")
@@ -234,12 +239,21 @@ def _write(where: str, rise: Dict[str, Dict[str, float]], drop: set,
             old = before.get("integers", {})
             merged = {i: max(float(old.get(i, 0.0)), v) for i, v in values.items()}
             graphs[key] = {"integers": {**old, **merged}, "when": now}
-            cost = costs.get(key, before.get("check_seconds"))  # this process's, else kept
-            if cost:
-                graphs[key]["check_seconds"] = round(cost, 6)
+            history = _costs(before.get("check_seconds")) + _costs(
+                [lower_median(costs[key])] if key in costs else [])  # this process's last
+            if history:
+                graphs[key]["check_seconds"] = [round(c, 6) for c in history[-COSTS:]]
         kept = dict(sorted(graphs.items(), key=lambda kv: str(kv[1].get("when")))[-KEEP:])
         files.write_atomically(where, json.dumps({"version": STORE_VERSION, "graphs": kept},
                                                  indent=1))
+
+
+def _costs(stored: Any) -> List[float]:
+    """The check costs a store holds (one number, as first written, or a list), each a
+    positive finite number of seconds; anything else is left out."""
+    values = stored if isinstance(stored, list) else [stored]
+    return [float(v) for v in values if isinstance(v, (int, float))
+            and not isinstance(v, bool) and 0 < v < math.inf]
 
 
 def _load() -> Dict[str, Any]:

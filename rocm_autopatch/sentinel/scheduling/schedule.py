@@ -221,9 +221,10 @@ class Schedule:
             self.values_read_stride = 1
             return VALUES
         if self.budget > 0 and n == self.first + CALIBRATE_AFTER and not self.warm:
-            # A warm check timed (unless one ran; the first calls' pay one-time costs that
-            # would make the period far too long), or one an earlier process timed (rungs)
-            return self._sample(n, n) if self.remembered is None else self.set_period()
+            # time a warm check (the first calls' are cold), unless an earlier process did
+            if self.remembered is None:
+                return self._sample(n, n)
+            self.set_period()
         if self.period and n % self.period == 0:
             # The budget allows one check per period: each check a shape or the values
             # forced stands in for one period's sampled check (a decode loop's six position
@@ -271,8 +272,7 @@ class Schedule:
                             or self.overheads[-8:])
 
     def set_period(self) -> None:
-        """The sampled checks' period from a check's cost and the program's pace (None: no
-        check is due, for ``due``)."""
+        """The sampled checks' period from a check's cost and the program's pace."""
         pace = self.pace()
         if self.budget > 0 and pace:
             self.period = _power_of_two(self.overhead() / (checks_share(self) * pace))
