@@ -14,6 +14,8 @@ import pytest
 import torch
 from conftest import Venv, clean_env, named_in_cache_key, rank_lines
 
+from rocm_autopatch.sentinel.scheduling.schedule import CALIBRATE_AFTER
+
 # A decode-like step: a position (an integer tensor, as transformers' cache_position) that
 # grows from 16 to END; wrong past position 100 where BUG is.
 JOB = r'''
@@ -116,7 +118,11 @@ def test_a_later_process_starts_its_ladder_where_an_earlier_ones_checks_passed(
                               f"from a check's cost then ({1e3 * cost:.2f} ms)"), again
     (name,) = again["values"]["remembered"]  # by the graph's name for the input
     assert "pos" in name and again["values"]["remembered"][name] == largest, again
-    assert again["checked_because"] == {"first": 1, "shape": 0, "values": 0, "sampled": 0}
+    # no check at call 33 (1 + CALIBRATE_AFTER); a sampled one may come where the period
+    # the remembered cost sets allows it (under a busy machine's load, at call 128 or 256)
+    assert 1 + CALIBRATE_AFTER not in again["sampled_calls"], again
+    assert all(c % again["period"] == 0 for c in again["sampled_calls"]), again
+    assert again["checked_because"]["values"] == 0, again  # no rung left below 300
     doctor = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor",
                              "--report", str(report)], capture_output=True, text=True,
                             env=clean_env(), timeout=120)

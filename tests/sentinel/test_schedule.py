@@ -555,6 +555,27 @@ def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_chec
     assert cheap.period == 2048 and cheap.overhead() == pytest.approx(40e-3)
 
 
+def test_a_check_far_longer_than_a_step_does_not_shorten_the_period_it_sets(
+        clock: Clock) -> None:
+    """A Llama training step on an H200: 25 ms a step, its calibrating check at call 33
+    10.3 s (BENCHMARKS.md, "A Llama training loop"). The program's pace is its time per
+    call without the graph's own checks: 10.3 s / (0.75% of 25 ms) = 54,933 -> 65,536.
+    Counted in, the pace was 0.35 s and the period 4,096, a second 10 s check 100 s on."""
+    plan = schedule.Schedule(1, 0.01, [])
+    flat: List[Any] = [torch.ones(2)]
+    checks = []
+    for step in range(1, 5001):
+        why = plan.due(flat)
+        if why is not None:
+            checks.append((step, why))
+            cost = 10.3 if why != schedule.FIRST else 23.0
+            clock.now += cost
+            plan.checked(why, flat, {}, True, 25e-3, 25e-3 + cost, [])
+        clock.now += 25e-3
+    assert checks == [(1, schedule.FIRST), (1 + schedule.CALIBRATE_AFTER, schedule.SAMPLED)]
+    assert plan.period == 65536 and plan.pace() == pytest.approx(25e-3)
+
+
 def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed(
         clock: Clock) -> None:
     """On an H200 the first call of a 1.1B decode step took over 0.1 s (kernels loaded,
