@@ -559,21 +559,29 @@ def test_a_check_far_longer_than_a_step_does_not_shorten_the_period_it_sets(
         clock: Clock) -> None:
     """A Llama training step on an H200: 25 ms a step, its calibrating check at call 33
     10.3 s (BENCHMARKS.md, "A Llama training loop"). The program's pace is its time per
-    call without the graph's own checks: 10.3 s / (0.75% of 25 ms) = 54,933 -> 65,536.
-    Counted in, the pace was 0.35 s and the period 4,096, a second 10 s check 100 s on."""
-    plan = schedule.Schedule(1, 0.01, [])
-    flat: List[Any] = [torch.ones(2)]
-    checks = []
-    for step in range(1, 5001):
-        why = plan.due(flat)
-        if why is not None:
-            checks.append((step, why))
-            cost = 10.3 if why != schedule.FIRST else 23.0
-            clock.now += cost
-            plan.checked(why, flat, {}, True, 25e-3, 25e-3 + cost, [])
-        clock.now += 25e-3
-    assert checks == [(1, schedule.FIRST), (1 + schedule.CALIBRATE_AFTER, schedule.SAMPLED)]
-    assert plan.period == 65536 and plan.pace() == pytest.approx(25e-3)
+    call without the sentinel's checks: 10.3 s / (0.75% of 25 ms) = 54,933 -> 65,536.
+    Counted in, the pace was 0.35 s and the period 4,096, a second 10 s check 100 s on.
+    With two graphs a step (a graph break), each graph's pace leaves out the other's checks
+    too: 10.3 s / (0.375% of 25 ms) -> 131,072 each."""
+    for graphs in (1, 2):
+        schedule.LEDGER.__init__()
+        plans = [schedule.Schedule(1, 0.01, []) for _ in range(graphs)]
+        flat: List[Any] = [torch.ones(2)]
+        checks = []
+        for step in range(1, 20001):
+            for g, plan in enumerate(plans):
+                why = plan.due(flat)
+                if why is not None:
+                    checks.append((g, step, why))
+                    cost = 10.3 if why != schedule.FIRST else 23.0
+                    clock.now += cost
+                    plan.checked(why, flat, {}, True, 10e-3, 10e-3 + cost, [])
+                clock.now += 25e-3 / graphs  # its compiled call (10 ms) and what follows it
+        assert checks == [(g, step, why) for step, why in (
+            (1, schedule.FIRST), (1 + schedule.CALIBRATE_AFTER, schedule.SAMPLED))
+            for g in range(graphs)]
+        for plan in plans:
+            assert plan.period == 65536 * graphs and plan.pace() == pytest.approx(25e-3, rel=1e-3)
 
 
 def test_a_cold_first_call_does_not_set_the_pace_when_later_checks_are_not_timed(

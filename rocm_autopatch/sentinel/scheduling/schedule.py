@@ -36,7 +36,8 @@ watched for the whole run:
 
 The budget (``ROCM_AUTOPATCH_VERIFY_BUDGET``) is a share of the program's wall time, not of
 the graph's own: a graph's costs are set against the time the program takes per call of it
-(its calls and all else the program does between them), so a graph that is a small part of
+(its calls and all else the program does between them, the sentinel's checks and reads
+left out), so a graph that is a small part of
 the program is followed nearly every call, and one that is the whole loop sparsely. The
 graphs share it (``LEDGER``): each graph called past its first calls gets an equal part, so
 that the parts add up to the budget whatever the number of graphs.
@@ -143,13 +144,13 @@ class Schedule:
         self.integers: Optional[Integers] = None  # small integer inputs, read every call
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
-        self.measure_seconds: Optional[float] = None
-        self.crossings = Crossings()  # steadily growing integers' next crossing
+        self.measure_seconds, self.crossings = None, Crossings()  # growing integers' next
         self.owed = 0  # forced checks not yet stood in for a period's sampled check
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
         self.clock: Optional[float] = None  # when the first call after the first ones came
-        self.spent = 0.0  # seconds the sampled checks took beyond their compiled call
+        self.ledger_at_clock = 0.0  # the sentinel's seconds then, all graphs' (``pace``)
+        self.spent = 0.0  # seconds its checks after the first calls took beyond the call
         self.wrapper = 0.0  # seconds the wrapper took at its calls (``check.wrapped``)
         self.overheads: List[float] = []  # of the checks, beyond their compiled call
         self.warm: List[float] = []  # the same, of checks after the first calls
@@ -191,7 +192,7 @@ class Schedule:
         if n <= self.first:
             return FIRST
         if self.clock is None:  # the program's pace is measured from here: warm calls
-            self.clock = time.perf_counter()
+            self.clock, self.ledger_at_clock = time.perf_counter(), LEDGER.spent
             LEDGER.join()
         if new_shape and (len(self.checked_shapes) < SHAPE_CAP
                           or self.size_class(flat) not in self.checked_classes
@@ -257,15 +258,15 @@ class Schedule:
 
     def pace(self) -> Optional[float]:
         """The program's wall time per call of this graph since the first calls (the calls
-        and everything between them, less this graph's own checks: a training step's check
-        of 10 s at call 33 made the pace 0.35 s where a step took 25 ms, and the period 16
-        times too short), never less than the fastest warm compiled call timed; before two
-        warm calls, that call's time (None before one is timed)."""
+        and all between them but the sentinel's checks and reads, all graphs': a 10 s check
+        at call 33 of a 25 ms training step had made it 0.35 s), never less than the fastest
+        warm compiled call; before two warm calls, that call's time (None before one)."""
         warm = self.calls - self.first
         if self.clock is None or warm < 2:
             return self.call_seconds
-        return max((time.perf_counter() - self.clock - self.spent) / warm,
-                   self.call_seconds or 0.0)
+        elapsed = time.perf_counter() - self.clock
+        program = elapsed - (LEDGER.spent - self.ledger_at_clock)
+        return max((program if program > 0 else elapsed) / warm, self.call_seconds or 0.0)
 
     def overhead(self) -> float:
         """What a check costs beyond its compiled call: the lower median of the last eight
