@@ -124,8 +124,6 @@ def _size_class(x: Any) -> int:
     return 0
 
 
-
-
 class Schedule:
     """One graph's checks: which call is due, what the checks covered, the budget."""
 
@@ -144,7 +142,8 @@ class Schedule:
         self.integers: Optional[Integers] = None  # small integer inputs, read every call
         self.stride = 1  # magnitudes are followed every stride-th call
         self.values_read_stride = 0  # the stride in force at the read that found new ones
-        self.measure_seconds, self.crossings = None, Crossings()  # growing integers' next
+        self.measure_seconds: Optional[float] = None
+        self.crossings = Crossings()  # steadily growing integers' next crossing
         self.owed = 0  # forced checks not yet stood in for a period's sampled check
         self.because = dict.fromkeys(WHY, 0)
         self.call_seconds: Optional[float] = None  # the fastest compiled call measured
@@ -225,7 +224,7 @@ class Schedule:
             # time a warm check (the first calls' are cold), unless an earlier process did
             if self.remembered is None:
                 return self._sample(n, n)
-            self.set_period()
+            set_period(self)
         if self.period and n % self.period == 0:
             # The budget allows one check per period: each check a shape or the values
             # forced stands in for one period's sampled check (a decode loop's six position
@@ -275,12 +274,6 @@ class Schedule:
         return lower_median(self.warm[-8:] or ([self.remembered] if self.remembered else [])
                             or self.overheads[-8:])
 
-    def set_period(self) -> None:
-        """The sampled checks' period from a check's cost and the program's pace."""
-        pace = self.pace()
-        if self.budget > 0 and pace:
-            self.period = _power_of_two(self.overhead() / (checks_share(self) * pace))
-
     def new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
         for i, value in values.items():
@@ -325,7 +318,14 @@ class Schedule:
             self.warm = (self.warm + [overhead])[-8:]
             self.spent += overhead
             LEDGER.spent += overhead
-        self.set_period()
+        set_period(self)
+
+
+def set_period(plan: Schedule) -> None:
+    """``plan``'s sampled checks' period from a check's cost and the program's pace."""
+    pace = plan.pace()
+    if plan.budget > 0 and pace:
+        plan.period = _power_of_two(plan.overhead() / (checks_share(plan) * pace))
 
 
 def affordable(plan: Schedule) -> bool:
