@@ -6,7 +6,7 @@ their largest checked value. What it finds in a real program is tested through t
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import torch
@@ -525,7 +525,11 @@ def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_chec
     """A later process whose ladder starts where an earlier one's stopped (``rungs``) runs
     no warm check in its first calls: without a remembered cost it checks call 33 only to
     time one; with it, that call sets the period from the remembered cost and its own pace,
-    unchecked, and its first own warm check's cost replaces the remembered one."""
+    unchecked, and its first own warm check's cost replaces the remembered one. The check
+    that times one is the only one ``calibrating`` (``replay`` captures no references
+    there: the capture would be timed with it)."""
+    calibrating: Dict[Any, List[int]] = {}
+
     def run(remembered: Any) -> Tuple[List[Tuple[int, str]], schedule.Schedule]:
         schedule.LEDGER.__init__()  # each run a process of its own
         plan = schedule.Schedule(1, 0.01, [])
@@ -534,6 +538,8 @@ def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_chec
         for step in range(1, 4001):
             flat = [torch.ones(2)]
             why = plan.due(flat)
+            if schedule.calibrating(plan):
+                calibrating.setdefault(remembered, []).append(step)
             if why is not None:
                 checks.append((step, why))
                 cost = 0.2 if why == schedule.FIRST else 40e-3  # a cold first check
@@ -551,6 +557,7 @@ def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_chec
     assert remembered == [(1, schedule.FIRST), (2048, schedule.SAMPLED)]
     assert [c for c in calibrated if c[0] > 1 + schedule.CALIBRATE_AFTER] == remembered[1:]
     assert plan.warm == [pytest.approx(40e-3)]  # its own, measured since
+    assert calibrating == {None: [1 + schedule.CALIBRATE_AFTER]}
     _, cheap = run(1e-3)  # a remembered cost below this process's: its own check corrects it
     assert cheap.period == 2048 and cheap.overhead() == pytest.approx(40e-3)
 

@@ -1,6 +1,6 @@
 """What the judge reads of each floating value: compiled's and eager's errors against
 float64 (in rounding units of the value's dtype), torch's ``allclose`` and RMSEs, computed
-on the device for many values at once and read in one transfer.
+on the device for many values at once and read in one transfer per device.
 
 A value's statistics are reductions over its elements; values are laid end to end (one
 segment each) and every reduction is one ``index_add_`` or ``scatter_reduce_`` over the
@@ -83,6 +83,8 @@ def statistics(values: List[Value], tol: float, captures: Optional[Captures] = N
         filling[device].append(v)
         sizes[device] += numel
     found: Dict[int, Errors] = {}
+    judged: List[Tuple[List[Value], torch.Tensor, torch.Tensor]] = []  # op by op
+    kept: List[Tuple[Any, List[Value]]] = []
     for batch in batches:
         key = captures.key(batch, tol) if captures is not None else None
         if key is not None and key in captures.made:
@@ -90,9 +92,13 @@ def statistics(values: List[Value], tol: float, captures: Optional[Captures] = N
             if replayed is not None:
                 found.update(replayed)
                 continue
-        found.update(_batch(batch, tol))
+        ordered = _ordered(batch)
+        judged.append((ordered, *_on_device(ordered, _per_value(ordered), tol)))
         if key is not None:
-            captures.keep(key, batch, tol)
+            kept.append((key, batch))
+    found.update(_read(judged))
+    for key, batch in kept:  # captured once their op-by-op work (the warm-up) is done
+        captures.keep(key, batch, tol)
     return found
 
 
@@ -140,13 +146,24 @@ def _per_value(values: List[Value]) -> torch.Tensor:
                         dtype=torch.float64, device=values[0].c.device)
 
 
-def _batch(values: List[Value], tol: float) -> Dict[int, Errors]:
-    """The statistics of one batch: values end to end, each a segment, over the elements
-    where all three are finite and the exact value is representable; read in one
-    transfer."""
-    values = _ordered(values)
-    rows, err_c = _on_device(values, _per_value(values), tol)
-    return _errors(values, rows.tolist(), err_c)
+def _read(judged: List[Tuple[List[Value], torch.Tensor, torch.Tensor]]
+          ) -> Dict[int, Errors]:
+    """The statistics of batches judged op by op (each its values, their rows on the device
+    and compiled's error per element), read in one transfer per device: a transfer per
+    batch would wait for the device between batches (a training step's 62 gradients judged
+    alone, 62 waits, BENCHMARKS.md)."""
+    found: Dict[int, Errors] = {}
+    by_device: Dict[Any, List[int]] = {}
+    for k, (_, rows, _) in enumerate(judged):
+        by_device.setdefault(rows.device, []).append(k)
+    for ks in by_device.values():
+        read = torch.cat([judged[k][1] for k in ks]).tolist()
+        start = 0
+        for k in ks:
+            values, _, err_c = judged[k]
+            found.update(_errors(values, read[start:start + len(values)], err_c))
+            start += len(values)
+    return found
 
 
 def _on_device(values: List[Value], per_value: torch.Tensor, tol: float

@@ -19,7 +19,8 @@ Replayed only where a replay computes what a run would:
   (ROCm/aiter#4352, ROCm/TransformerEngine#644, openxla/xla#16337); that run is the
   check's references, so a capture costs no run of its own. Captured at a shape's first
   check where its references are estimated within ``HELD_SHARE`` of the device's memory,
-  else at its second; never while the program captures (``check.call`` runs no check
+  else at its second (its third where the second times a warm check:
+  ``schedule.calibrating``); never while the program captures (``check.call`` runs no check
   then). The program's RNG is untouched: a graph with random ops is never compared.
 What the captures hold (their memory pools, the buffers) counts against ``HELD_SHARE`` of
 the device's memory, all graphs together. A capture that would pass it first takes the
@@ -43,9 +44,7 @@ from rocm_autopatch.sentinel.scheduling import schedule
 
 # All captures of a process together hold at most this share of the device's memory.
 HELD_SHARE = 0.05
-# A shape whose inputs keep moving from where its capture read them is captured this many
-# times, then run op by op.
-RECAPTURES = 2
+RECAPTURES = 2  # captures of a shape whose inputs keep moving; then op by op
 # Captured at a shape's first check where its references need at most this share of the
 # device's memory (the analysis' estimate), else at its second, paid inside the budget: an
 # 8B Llama's decode step (5.5 GB captured) cost 185 ms at the check that captured against
@@ -54,11 +53,9 @@ RECAPTURES = 2
 # check, which the budget leaves out as it does the analysis.
 FIRST_SHARE = HELD_SHARE
 # Inputs that are not parameters, up to this size each, are copied at each replay rather
-# than read where they are (a program refills or remakes them between calls).
+# than read where they are (a program refills or remakes them between calls)...
 COPY_BYTES = 64 << 20
-# ...and at most this much together (weights kept as buffers, GPTQ's ``qweight``, are
-# read in place past it).
-COPY_TOTAL = 256 << 20
+COPY_TOTAL = 256 << 20  # ...and this much together (buffers past it are read in place)
 _HELD = {"bytes": 0}
 # Every live capture, oldest first: (its Replays, its shape), for ``_make_room``; changed
 # under ``_ROOM`` (not ``_LOCK``, which a capture's finalizer takes while it is held).
@@ -223,6 +220,8 @@ class Replays:
                 return captured.replay(flat, pre)
             self._drop(shape, moved)
             return None
+        if schedule.calibrating(getattr(graph, "schedule", None)):
+            return None  # captured at a later check: this one times a warm check
         seen = self.seen.get(shape)
         if self.captures.get(shape, 0) >= RECAPTURES or seen is None and not (
                 0 < need <= FIRST_SHARE * torch.cuda.get_device_properties(device)

@@ -328,6 +328,15 @@ def set_period(plan: Schedule) -> None:
         plan.period = _power_of_two(plan.overhead() / (checks_share(plan) * pace))
 
 
+def calibrating(plan: Optional[Schedule]) -> bool:
+    """Is ``plan``'s check at this call the one that times a warm check (``due``)? Its
+    references are not captured then (``replay``): the capture would be timed as a warm
+    check's cost and paid inside the budget, 88 of a 393 ms check at call 33 of an H200's
+    training loop, where the next check may be thousands of calls away (BENCHMARKS.md)."""
+    return (plan is not None and plan.budget > 0 and plan.calls == plan.first
+            + CALIBRATE_AFTER and not plan.warm and plan.remembered is None)
+
+
 def affordable(plan: Schedule) -> bool:
     """Would one more check past the shape cap keep ``plan``'s checks beyond the first calls
     within the budget's share of the program's time since them?"""
