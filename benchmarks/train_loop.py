@@ -2,7 +2,8 @@
 1%").
 
     python benchmarks/train_loop.py [--arms off,check] [--rounds 2] [--layers 8]
-                                    [--steps 200] [--batch 1] [--seq 512] [--json PATH]
+                                    [--steps 200] [--batch 1] [--seq 512]
+                                    [--rungs shared] [--json PATH]
 
 transformers' Llama at TinyLlama's widths (width 2048, 32 heads, 4 KV heads, MLP 5632,
 vocabulary 32000) with ``--layers`` layers (22: TinyLlama's 1.1B), random weights, float32
@@ -15,6 +16,9 @@ first calls' checks, which the budget leaves out), then ``--steps`` timed steps.
 Reported: steps/s, the median step (CUDA events), and under ``check`` the sentinel's own
 measure of its share of the wall time since the first warm call (checks, reads, the
 wrapper at every call: ``schedule.LEDGER``), with each graph's checks and verdicts.
+``--rungs shared``: the processes share one store of remembered rungs and one Inductor
+cache, so that each check process after the first reads the check's cost the one before
+kept, as a user's next run of the same script on one machine does.
 On a machine without a GPU it runs on the CPU (a smoke run; ``--layers 1 --seq 32``).
 """
 
@@ -25,7 +29,7 @@ import json
 import statistics
 import sys
 
-from common import meta, run_arm, save
+from common import RUNGS_HELP, meta, run_arm, rungs_store, save
 
 CHILD = r"""
 import json, os, statistics, sys, time, torch, transformers as t
@@ -96,7 +100,7 @@ if watched:
     out["sentinel_share_of_timed_steps"] = round(
         (schedule.LEDGER.spent + schedule.LEDGER.wrapper - before) / seconds, 5)
     keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period",
-            "values_stride", "reason", "references")
+            "values_stride", "reason", "references", "rungs")
     out["graphs"] = [{k: g.get(k) for k in keep}
                      for g in rocm_autopatch.report().verify.get("graphs", [])]
 print(json.dumps(out))
@@ -111,15 +115,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--rungs", default="", help=RUNGS_HELP)
     parser.add_argument("--json")
     args = parser.parse_args()
     verify = {"off": "", "check": "check"}
+    rungs = rungs_store(args.rungs)
     results = []
     for r in range(args.rounds):
         for arm in args.arms.split(","):
             got = run_arm(CHILD, [str(v) for v in (args.layers, args.steps, args.batch,
                                                    args.seq)],
-                          {"ROCM_AUTOPATCH_VERIFY": verify[arm]}, timeout=900)
+                          {"ROCM_AUTOPATCH_VERIFY": verify[arm], **rungs}, timeout=900)
             results.append({"arm": arm, "round": r, **got})
             print(json.dumps(results[-1]), flush=True)
     for arm in args.arms.split(","):
@@ -129,7 +135,8 @@ def main() -> int:
     import torch
 
     save(args.json, meta(torch, layers=args.layers, steps=args.steps, batch=args.batch,
-                         seq=args.seq, python=sys.version.split()[0]), results)
+                         seq=args.seq, rungs=args.rungs or "each its own",
+                         python=sys.version.split()[0]), results)
     return 0
 
 

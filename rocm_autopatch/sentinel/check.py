@@ -298,7 +298,8 @@ def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -
     if why is None and graph.confirm:  # a deferred verdict differed: confirmed here
         why = schedule.SAMPLED
     graph.entry["calls"] = plan.calls
-    if plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]:
+    if (plan.shapes_seen != seen or plan.stride != graph.entry["values_stride"]
+            or plan.period != graph.entry["period"]):  # (a period set with no check)
         graph.note(**coverage.of(plan))
     wrapped(plan, began, spent)
     if why is None:

@@ -240,6 +240,49 @@ class _Graph:
         self.untied, self.schedule = untied, Schedule(1, 0.01, [])
 
 
+# A graph with no integer input (an image model's step, its inputs all floating): no rung.
+FIXED = r'''
+import json, torch
+w = torch.randn(64, 64, generator=torch.Generator().manual_seed(1)) / 8
+f = torch.compile(lambda x: torch.nn.functional.silu(x) @ w, dynamic=False)
+x = torch.rand(4, 64, generator=torch.Generator().manual_seed(0))
+import rocm_autopatch
+for i in range(100):
+    f(x)
+(g,) = rocm_autopatch.report().verify["graphs"]
+print(json.dumps(g))
+'''
+
+
+@pytest.mark.heavy(20)
+def test_a_graph_without_integers_remembers_its_checks_cost_and_is_not_checked_to_time_one(
+        torch_venv: Venv, tmp_path: Path) -> None:
+    """A graph with no integer input has no rung, but its check's cost is kept: a later
+    process sets its period from it, and does not check call 33 only to time a check (on
+    an H200, 0.3 s of a 200-step Llama training loop's 5 s: BENCHMARKS.md)."""
+    store = tmp_path / "rungs.json"
+    env = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "check",
+           "ROCM_AUTOPATCH_RUNGS": str(store)}
+    runs = []
+    for _ in range(2):
+        proc = torch_venv.run(FIXED, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    first, again = runs
+    assert first["rungs"] == "none stored yet" and first["values"]["remembered"] == {}, first
+    assert 1 + CALIBRATE_AFTER in first["sampled_calls"], first  # it timed one there
+    (entry,) = json.loads(store.read_text())["graphs"].values()
+    # the first process's cost alone: the second timed no check of its own to add
+    assert entry["integers"] == {} and len(entry["check_seconds"]) == 1, entry
+    cost = entry["check_seconds"][0]
+    assert again["rungs"] == ("read: its sampled checks' period from a check's cost then "
+                              f"({1e3 * cost:.2f} ms)"), again
+    assert 1 + CALIBRATE_AFTER not in again["sampled_calls"], again
+    assert again["status"] == "passed" and again["checked_because"]["first"] == 1, again
+    # the period it set there, unchecked, is in its record (a power of two, as the first's)
+    assert again["period"] > 0 and again["period"] & (again["period"] - 1) == 0, again
+
+
 @pytest.mark.fast
 def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_key(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -258,6 +301,10 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     healthy, wrong = kept(_Graph("passed"), "k1"), kept(_Graph("failed"), "k1")
     unread, checked = kept(_Graph("passed", confirm=40), "k2"), kept(_Graph("passed"), "k3")
     launched = kept(_Graph("passed"), "k4")  # its checks launched, no verdict read
+    # graphs without integer inputs (a training step's): kept for their checks' cost alone
+    timed, untimed = kept(_Graph("passed"), "k6"), kept(_Graph("passed"), "k7")
+    timed.rungs.integer = untimed.rungs.integer = frozenset()
+    timed.schedule.warm = [0.3, 0.32]
     tied = kept(_Graph("passed", confirm=41, untied=1), "k5")  # a near tie: no difference
     for graph in (healthy, wrong, unread, checked, tied):
         rungs.passed(graph, {2: 120.0, 0: 5.0})  # 0: not an integer input
@@ -270,11 +317,13 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
         # costs as first written (one number) or a list, with what no cost can be in it
         "k3": {"integers": {"2": 200.0}, "check_seconds": 0.007},
         "k5": {"integers": {}, "check_seconds": [0.003, "0.004", None, -1, 1e400, True]}}}))
-    assert rungs.keep() == 2
+    assert rungs.keep() == 3
     graphs = json.loads(store.read_text())["graphs"]
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
-    # its largest (a value only rises), k5 rises to 120; k4 passed nothing
-    assert set(graphs) == {"k3", "k5"} and graphs["k3"]["integers"] == {"2": 200.0}
+    # its largest (a value only rises), k5 rises to 120; k4 passed nothing; k6 has no
+    # integer, only its cost; k7 neither a rung nor a timed check
+    assert set(graphs) == {"k3", "k5", "k6"} and graphs["k3"]["integers"] == {"2": 200.0}
+    assert graphs["k6"]["integers"] == {} and graphs["k6"]["check_seconds"] == [0.3]
     assert graphs["k5"]["integers"] == {"2": 120.0}
     # each process's check cost (the lower median of its warm checks) follows the ones
     # stored, the last eight kept; what is not a cost is dropped, not fatal

@@ -1,6 +1,7 @@
 """The ladder's rungs passed in earlier processes: the largest value of each integer input (a
 decode loop's position, a token id) at which a graph's checks passed, kept on disk per graph
-and read at the graph's first check, so that a later process climbs the ladder from there.
+and read at the graph's first check, so that a later process climbs the ladder from there;
+and, for every graph, what a warm check cost (below).
 
 A decode loop's position is checked each time it passes 1.25 times the largest checked
 (``crossings``). A position is checked once per process, so a process of four 256-token
@@ -30,12 +31,16 @@ where Inductor's caches are off. A change to the compiler that none of these sho
 ``ROCM_AUTOPATCH_RUNGS=off``, or a deleted file, starts every ladder at the bottom again.
 
 With the rungs, what a warm check cost (``check_seconds``: each of the last ``COSTS``
-processes' lower median of its warm checks, the key's graphs' lower median): a later
-process whose ladder starts high may run no warm check in its first calls, and would
-otherwise check one call ``CALIBRATE_AFTER`` calls on only to time one (``Schedule``); it
-sets the sampled checks' period from their lower median and its own pace instead, until
-one of its own checks is timed. One process's inflated cost (a first check that paid a
-capture) does not set it alone, and a later process's checks bring it back.
+processes' lower median of its warm checks, the key's graphs' lower median), kept also for
+a graph without integer inputs (an image model's step, its inputs all floating: no rung,
+only the cost). A
+later process whose ladder starts high, or whose graph has no ladder, may run no warm check
+in its first calls, and would otherwise check one call ``CALIBRATE_AFTER`` calls on only
+to time one (``Schedule``: 0.3 s of a 200-step Llama training loop's 5 s on an H200,
+BENCHMARKS.md); it sets the sampled checks' period from their lower median and its own
+pace instead, until one of its own checks is timed. One process's inflated cost (a first
+check that paid a capture) does not set it alone, and a later process's checks bring it
+back.
 
 Only checks whose verdict passed raise a graph's rungs (``passed``, from ``check`` and
 ``pending``); at exit (after the last verdicts are read) a key whose graphs all passed is
@@ -123,8 +128,7 @@ def at_compile(graph: Any, config_patches: Any) -> None:
     """At a watched graph's compile (``watch``): ``torch.compile``'s options, which Inductor
     applies only inside the compile, kept for the key. The rest of the key is made at the
     graph's first check (``recall``), which the compile's own call makes at once: the
-    program's state (grad mode, autocast, settings) is the compile's, and a graph without
-    integer inputs pays nothing for it."""
+    program's state (grad mode, autocast, settings) is the compile's."""
     graph.rungs = Kept(graph, dict(config_patches or {}))
 
 
@@ -135,8 +139,8 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
     kept, plan = graph.rungs, graph.schedule
     try:
         integer = plan.magnitudes.integer if plan.magnitudes is not None else frozenset()
-        if kept is None or not integer:
-            return
+        if kept is None or not integer and plan.budget <= 0:
+            return  # no rung to read, nor a period to set
         if path() is None:
             graph.note(rungs=f"off ({settings.RUNGS}=off)")
             return
@@ -154,12 +158,12 @@ def recall(graph: Any, flat: List[Any], dynamic: List[int]) -> None:
         names = [node.name for node in graph.placeholders]
         entry = _load().get(kept.key, {})
         stored, costs = entry.get("integers", {}), _costs(entry.get("check_seconds"))
-        if stored and costs and plan.budget > 0:  # the period set without a calibrating check
+        if costs and plan.budget > 0:  # the period set without a calibrating check
             plan.remembered = lower_median(costs)
-        graph.note(rungs="read: its ladder started there" + (
-            f"; its sampled checks' period from a check's cost then "
-            f"({1e3 * plan.remembered:.2f} ms)" if plan.remembered else "")
-            if stored else "none stored yet")
+        cost = (f"its sampled checks' period from a check's cost then "
+                f"({1e3 * plan.remembered:.2f} ms)" if plan.remembered else "")
+        graph.note(rungs="read: its ladder started there" + (f"; {cost}" if cost else "")
+                   if stored else f"read: {cost}" if cost else "none stored yet")
         for index, value in stored.items():
             i = int(index)
             if i in integer and isinstance(value, (int, float)) and math.isfinite(value):
@@ -207,12 +211,15 @@ def keep() -> int:
                 continue
             if kept.bad():
                 drop.add(kept.key)
-            elif kept.entry.get("status") == PASSED and kept.passed:
+            elif kept.entry.get("status") == PASSED:
+                graph = kept.graph()
+                timed = graph is not None and bool(graph.schedule.warm)
+                if not (kept.passed or timed and not kept.integer):
+                    continue  # a graph without integers is kept for its check's cost
                 found = rise.setdefault(kept.key, {})
                 for i, v in kept.passed.items():
                     found[str(i)] = max(found.get(str(i), 0.0), v)
-                graph = kept.graph()
-                if graph is not None and graph.schedule.warm:
+                if timed:
                     costs.setdefault(kept.key, []).append(graph.schedule.overhead())
         for key in drop:
             rise.pop(key, None)
