@@ -48,6 +48,7 @@ def _period(clock: Clock, pace: float, call: float = 20e-6, overhead: float = 2e
         plan.due(flat)
         clock.now += pace
     plan.wrapper = wrapper * (clock.now - plan.clock)
+    clock.now += call + overhead  # the check's own time
     plan.checked(schedule.SAMPLED, flat, {}, True, call, call + overhead, [])
     return plan.period
 
@@ -72,6 +73,10 @@ def test_the_sampled_checks_take_what_the_wrapper_leaves_of_their_share(clock: C
     # under a quarter left: the floor's 533 -> 1,024 (2,048 without the floor), no further
     assert _period(clock, 2e-3, wrapper=0.007) == 1024
     assert _period(clock, 2e-3, wrapper=0.05) == 1024
+    # a check far longer than the calls before it leaves the wrapper's share as it was (of
+    # the program's time): 1 s / ((0.75% - 0.5%) x 2 ms) = 200,000 -> 262,144; set against
+    # a wall time that held the check, the share was 0.08% and the period half that
+    assert _period(clock, 2e-3, overhead=1.0, wrapper=0.005) == 262144
 
 
 def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_part(
@@ -81,9 +86,10 @@ def test_graphs_share_the_budget_each_called_past_its_first_calls_gets_an_equal_
     assert schedule.LEDGER.graphs == 1 and _period(clock, 60e-6, alone=False) == 2 * one
     assert schedule.LEDGER.graphs == 2
     # What the sentinel spent (the warm checks' overheads), over the wall time since the
-    # first graph's first warm call: 2 x 2 ms over 199 calls of 60 us (and the check).
+    # first graph's first warm call: 2 x 2 ms over 199 calls of 60 us and the two checks.
     assert schedule.LEDGER.spent == pytest.approx(4e-3)
-    assert schedule.LEDGER.spent_share() == pytest.approx(4e-3 / (199 * 60e-6), rel=1e-3)
+    assert schedule.LEDGER.spent_share() == pytest.approx(
+        4e-3 / (199 * 60e-6 + 2 * (20e-6 + 2e-3)), rel=1e-3)
 
 
 def _values_checks(clock: Clock, dtype: Any, reads: Any = None,

@@ -58,7 +58,7 @@ import torch
 from rocm_autopatch.sentinel.scheduling import quiet
 from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
 from rocm_autopatch.sentinel.scheduling.integers import TIMED, Integers
-from rocm_autopatch.sentinel.scheduling.ledger import LEDGER, lower_median, share_since
+from rocm_autopatch.sentinel.scheduling.ledger import LEDGER, lower_median
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
 
 FIRST, SHAPE, VALUES, SAMPLED = "first", "shape", "values", "sampled"
@@ -349,11 +349,15 @@ def affordable(plan: Schedule) -> bool:
 
 def checks_share(plan: Schedule) -> float:
     """The share of the program's wall time ``plan``'s checks may take: its graph's part of
-    the budget, less the values' quarter and less the share of the wall time since the
-    first calls that the wrapper has taken at the graph's calls (so that checks, reads and
-    wrapper together keep to the budget), never under ``CHECKS_FLOOR`` of that part."""
+    the budget, less the values' quarter and less the share the wrapper has taken at the
+    graph's calls (so that checks, reads and wrapper together keep to the budget), never
+    under ``CHECKS_FLOOR`` of that part. The wrapper's share is of the program's time since
+    the first calls (``pace``), the sentinel's own left out: set against a wall time that
+    held a 1 s check, it came out smaller, and the period up to 4 times too short."""
     share = LEDGER.share(plan.budget) * (1 - VALUES_SHARE)
-    return max(share - share_since(plan.wrapper, plan.clock), share * CHECKS_FLOOR)
+    pace, warm = plan.pace(), plan.calls - plan.first
+    wrapper = plan.wrapper / (pace * warm) if pace and warm > 0 else 0.0
+    return max(share - wrapper, share * CHECKS_FLOOR)
 
 
 def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
