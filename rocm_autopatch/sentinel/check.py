@@ -193,6 +193,8 @@ class Check:
             self.graph.skip("not checked: computing the eager or float64 reference "
                             f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
             memory.release()
+            schedule.lost(self.graph.schedule,
+                          time.perf_counter() - self.work_start - self.call_seconds)
             return None
 
     def verdict(self, bad: List[Any], outputs: int) -> Any:

@@ -78,11 +78,12 @@ def resolve(self: Any, wait: float = 0.0) -> None:
     counts."""
     graph, later = self.graph, self.later
     try:
+        began = time.perf_counter()  # a wait for its device work is the sentinel's too
         if not later.wait(wait):
+            schedule.charge(graph.schedule, time.perf_counter() - began)
             graph.skip("not checked: its references, replayed beside the program, had "
                        "not finished when the process ended")
             return
-        began = time.perf_counter()
         moved = later.overwritten(self.flat)
         if moved:
             graph.replays.written_later(self.shape, moved)

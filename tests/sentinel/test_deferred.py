@@ -9,6 +9,7 @@ real ``check.call``, the graph's record, the schedule, the judge. The GPU check
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any, List
 
@@ -29,6 +30,7 @@ class CpuLater(deferred.Later):
     for), reading the inputs read in place then, late, as a replay on a stream does."""
 
     done_now = False  # the test's switch: is the sentinel's "stream" past this check?
+    pause = 0.0  # seconds a wait for the work takes
 
     def __init__(self, captured: Any, device: Any) -> None:
         self.captured, self.device = captured, device
@@ -57,6 +59,7 @@ class CpuLater(deferred.Later):
 
     def wait(self, seconds: float = 0.0) -> bool:
         self.waited = True
+        time.sleep(CpuLater.pause)
         self._run()
         return True
 
@@ -78,7 +81,7 @@ def deferring(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(deferred, "Later", CpuLater)
     monkeypatch.setattr(replay.Replays, "ready",
                         lambda self, shape, flat, pre: getattr(self, "stand_in", None))
-    CpuLater.done_now = False
+    CpuLater.done_now, CpuLater.pause = False, 0.0
     due_at: set = set()
     real_due = schedule.Schedule.due
 
@@ -129,13 +132,16 @@ def test_a_verdict_is_read_at_the_first_call_after_its_work_is_done(deferring: s
 
 
 def test_a_check_that_falls_due_waits_for_the_verdict_before_it(deferring: set) -> None:
+    """...and the wait is the sentinel's cost in its ledger (the program stood still)."""
     deferring.update({1, 2})
     graph = watched(step)
+    CpuLater.pause = 0.2
     with torch.no_grad():
         check.call(graph, (X, W), {})
-        first = graph.pending
+        first, before = graph.pending, schedule.LEDGER.spent
         check.call(graph, (X, W), {})
     assert first.later.waited and graph.pending is not first  # one check at a time
+    assert schedule.LEDGER.spent - before >= 0.2
     assert graph.entry["calls_checked"] == 1 and graph.entry["status"] == "passed"
 
 

@@ -301,29 +301,47 @@ def test_only_passing_verdicts_raise_a_rung_and_a_graph_found_wrong_removes_its_
     healthy, wrong = kept(_Graph("passed"), "k1"), kept(_Graph("failed"), "k1")
     unread, checked = kept(_Graph("passed", confirm=40), "k2"), kept(_Graph("passed"), "k3")
     launched = kept(_Graph("passed"), "k4")  # its checks launched, no verdict read
-    # graphs without integer inputs (a training step's): kept for their checks' cost alone
+    # graphs without integer inputs (an image model's): kept for their checks' cost alone,
+    # where timed, or read (its entry's time renewed, so that it is not the first to go)
     timed, untimed = kept(_Graph("passed"), "k6"), kept(_Graph("passed"), "k7")
-    timed.rungs.integer = untimed.rungs.integer = frozenset()
-    timed.schedule.warm = [0.3, 0.32]
+    read = kept(_Graph("passed"), "k9")
+    timed.rungs.integer = untimed.rungs.integer = read.rungs.integer = frozenset()
+    read.schedule.remembered = 0.25
     tied = kept(_Graph("passed", confirm=41, untied=1), "k5")  # a near tie: no difference
-    for graph in (healthy, wrong, unread, checked, tied):
+    captured = kept(_Graph("passed"), "k8")  # its one warm check captured its references
+    for graph in (healthy, wrong, unread, checked, tied, captured):
         rungs.passed(graph, {2: 120.0, 0: 5.0})  # 0: not an integer input
     rungs.passed(checked, {2: 90.0})
     assert launched.rungs.passed == {} and checked.rungs.passed == {2: 120.0}
-    checked.schedule.warm = [4e-3, 9e-3, 5e-3]  # its warm checks' costs: the period's
-    tied.schedule.warm = [2e-3]
+
+    def checks(graph: _Graph, *costs: float, capturing: int = -1) -> None:
+        for k, cost in enumerate(costs):  # warm checks; the one at ``capturing`` captured
+            graph.schedule.capturing = k == capturing
+            graph.schedule.checked("sampled", [torch.ones(2)], {}, True, 0.0, cost, [])
+
+    checks(checked, 4e-3, 9e-3, 5e-3)  # its warm checks' costs: the period's
+    checks(tied, 2e-3)
+    checks(timed, 0.39, 0.3, 0.32, capturing=0)  # a capture is paid once: left out
+    checks(captured, 0.4, capturing=0)
+    assert timed.schedule.warm == [0.39, 0.3, 0.32] and not timed.schedule.capturing
     store.write_text(json.dumps({"version": rungs.STORE_VERSION, "graphs": {
         "k1": {"integers": {"2": 50.0}}, "k2": {"integers": {"2": 60.0}},
         # costs as first written (one number) or a list, with what no cost can be in it
         "k3": {"integers": {"2": 200.0}, "check_seconds": 0.007},
-        "k5": {"integers": {}, "check_seconds": [0.003, "0.004", None, -1, 1e400, True]}}}))
-    assert rungs.keep() == 3
+        "k5": {"integers": {}, "check_seconds": [0.003, "0.004", None, -1, 1e400, True]},
+        "k8": {"integers": {"2": 100.0}, "check_seconds": [0.3]},
+        "k9": {"integers": {}, "check_seconds": [0.25], "when": "2020-01-01T00:00:00"}}}))
+    assert rungs.keep() == 5
     graphs = json.loads(store.read_text())["graphs"]
     # k1 had a graph found wrong, k2 a verdict that differed unconfirmed: removed; k3 keeps
     # its largest (a value only rises), k5 rises to 120; k4 passed nothing; k6 has no
-    # integer, only its cost; k7 neither a rung nor a timed check
-    assert set(graphs) == {"k3", "k5", "k6"} and graphs["k3"]["integers"] == {"2": 200.0}
+    # integer, only its cost; k7 neither a rung nor a timed check nor a cost read
+    assert set(graphs) == {"k3", "k5", "k6", "k8", "k9"}
+    assert graphs["k3"]["integers"] == {"2": 200.0}
     assert graphs["k6"]["integers"] == {} and graphs["k6"]["check_seconds"] == [0.3]
+    assert graphs["k8"] == {"integers": {"2": 120.0}, "check_seconds": [0.3],
+                            "when": graphs["k8"]["when"]}  # no capture's cost added
+    assert graphs["k9"]["check_seconds"] == [0.25] and graphs["k9"]["when"] > "2026"
     assert graphs["k5"]["integers"] == {"2": 120.0}
     # each process's check cost (the lower median of its warm checks) follows the ones
     # stored, the last eight kept; what is not a cost is dropped, not fatal

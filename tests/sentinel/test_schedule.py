@@ -6,6 +6,7 @@ their largest checked value. What it finds in a real program is tested through t
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -941,3 +942,36 @@ def test_captures_counted_spare_quiet_calls_the_runtime_and_inside_one_no_call_c
     finally:
         patching.unwrap(cls, "capture_begin")
         patching.unwrap(cls, "capture_end")
+
+
+def test_a_check_whose_reference_fails_is_still_the_sentinels_cost(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check that ran part way and failed (here a stand-in: the references raise after
+    0.1 s, as an op without a float64 kernel does after eager's run) is said and skipped;
+    its time past the first calls is in the ledger, as a check's would be."""
+    from rocm_autopatch.sentinel import check, compare
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    monkeypatch.setattr(schedule, "LEDGER", Ledger())
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.1)
+        raise RuntimeError("no float64 kernel (a stand-in)")
+
+    monkeypatch.setattr(compare, "reference_runs", failing)
+
+    def step(x: Any, pos: Any) -> Any:
+        return (x + pos / 100).sin()
+
+    graph = Graph(torch.fx.symbolic_trace(step), step, "t/0", "test", "check", 1, 0.01)
+    x = torch.randn(4, 16)
+    for position in range(16, 100):  # positions that grow: the ladder's checks fall due
+        check.call(graph, (x, torch.tensor(position)), {})
+    plan = graph.schedule
+    assert plan.skipped >= 3 and "float64 kernel" in graph.entry["skipped_reason"]
+    assert plan.checks == 0  # none judged
+    # every failed check but the first call's (outside the budget) counted, in the graph's
+    # account and the process's
+    assert plan.spent >= 0.1 * (plan.skipped - 1) and schedule.LEDGER.spent >= plan.spent
+

@@ -139,11 +139,15 @@ def _runs(values: List[Value], tol: float) -> Tuple[torch.Tensor, ...]:
 
 def _per_value(values: List[Value]) -> torch.Tensor:
     """Per value: its dtype's rounding unit, smallest normal and largest, and its size (one
-    transfer to the device)."""
+    transfer to the device, which does not wait: made on the device from a list, it waited
+    for the device's queue, one wait a batch, 63 for a training step's 62 gradients on an
+    H200)."""
     infos = [torch.finfo(v.c.dtype) for v in values]
-    return torch.tensor([[i.eps for i in infos], [i.tiny for i in infos],
+    rows = torch.tensor([[i.eps for i in infos], [i.tiny for i in infos],
                          [i.max for i in infos], [v.c.numel() for v in values]],
-                        dtype=torch.float64, device=values[0].c.device)
+                        dtype=torch.float64)
+    device = values[0].c.device
+    return rows if device.type == "cpu" else rows.pin_memory().to(device, non_blocking=True)
 
 
 def _read(judged: List[Tuple[List[Value], torch.Tensor, torch.Tensor]]

@@ -108,6 +108,7 @@ class Captured:
 
     def __init__(self, graph: Any, flat: List[Any], pre: Any, copied: List[int],
                  inference: bool, device: Any) -> None:
+        graph.schedule.capturing = True  # this check's cost is partly a capture's (rungs)
         written = pre.indices
         self.copied = {i: torch.empty_strided(flat[i].shape, flat[i].stride(),
                                               dtype=flat[i].dtype, device=device)
@@ -210,8 +211,8 @@ class Replays:
         device = None if self.never else _device(flat)
         if device is None:
             return None
-        if self.graph is None and getattr(graph, "schedule", None) is not None:
-            self.graph = weakref.ref(graph)
+        plan = getattr(graph, "schedule", None)  # (none: a test's bare graph)
+        self.graph = self.graph or (weakref.ref(graph) if plan is not None else None)
         captured = self.captured.get(shape)
         if captured is not None:
             moved = captured.fits(flat, pre)
@@ -220,7 +221,7 @@ class Replays:
                 return captured.replay(flat, pre)
             self._drop(shape, moved)
             return None
-        if schedule.calibrating(getattr(graph, "schedule", None)):
+        if schedule.calibrating(plan):
             return None  # captured at a later check: this one times a warm check
         seen = self.seen.get(shape)
         if self.captures.get(shape, 0) >= RECAPTURES or seen is None and not (

@@ -31,13 +31,15 @@ where Inductor's caches are off. A change to the compiler that none of these sho
 ``ROCM_AUTOPATCH_RUNGS=off``, or a deleted file, starts every ladder at the bottom again.
 
 With the rungs, what a warm check cost (``check_seconds``: each of the last ``COSTS``
-processes' lower median of its warm checks, the key's graphs' lower median), kept also for
+processes' lower median of its warm checks that captured no references (``replay``: a
+capture is paid once, and its cost stored was taken up by every later process), the key's
+graphs' lower median), kept also for
 a graph without integer inputs (an image model's step, its inputs all floating: no rung,
 only the cost). A
 later process whose ladder starts high, or whose graph has no ladder, may run no warm check
 in its first calls, and would otherwise check one call ``CALIBRATE_AFTER`` calls on only
-to time one (``Schedule``: 0.3 s of a 200-step Llama training loop's 5 s on an H200,
-BENCHMARKS.md); it sets the sampled checks' period from their lower median and its own
+to time one (``Schedule``; in a 200-step Llama training loop on an H200 that check took
+0.3 s of 5, BENCHMARKS.md); it sets the sampled checks' period from their lower median and its own
 pace instead, until one of its own checks is timed. One process's inflated cost (a first
 check that paid a capture) does not set it alone, and a later process's checks bring it
 back.
@@ -212,15 +214,16 @@ def keep() -> int:
             if kept.bad():
                 drop.add(kept.key)
             elif kept.entry.get("status") == PASSED:
-                graph = kept.graph()
-                timed = graph is not None and bool(graph.schedule.warm)
-                if not (kept.passed or timed and not kept.integer):
+                plan = getattr(kept.graph(), "schedule", None)
+                timed = plan is not None and bool(plan.uncaptured)
+                used = timed or plan is not None and plan.remembered is not None
+                if not (kept.passed or used and not kept.integer):
                     continue  # a graph without integers is kept for its check's cost
                 found = rise.setdefault(kept.key, {})
                 for i, v in kept.passed.items():
                     found[str(i)] = max(found.get(str(i), 0.0), v)
-                if timed:
-                    costs.setdefault(kept.key, []).append(graph.schedule.overhead())
+                if timed:  # checks that captured nothing: a capture is paid once
+                    costs.setdefault(kept.key, []).append(lower_median(plan.uncaptured))
         for key in drop:
             rise.pop(key, None)
         if where and (rise or drop):

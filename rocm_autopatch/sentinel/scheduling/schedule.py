@@ -153,6 +153,8 @@ class Schedule:
         self.wrapper = 0.0  # seconds the wrapper took at its calls (``check.wrapped``)
         self.overheads: List[float] = []  # of the checks, beyond their compiled call
         self.warm: List[float] = []  # the same, of checks after the first calls
+        self.uncaptured: List[float] = []  # ...of those that captured nothing (``rungs``)
+        self.capturing = False  # this check captures its references (``replay``)
         self.remembered: Optional[float] = None  # a warm check's cost, an earlier process's
         self.sampled_calls: List[int] = []  # the last sampled checks' call numbers
         self.sampled_period = 0  # the period in force at the last sampled check
@@ -316,8 +318,11 @@ class Schedule:
         self.crossings.plan(self.calls, values, self.checked_max)
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
+            if not self.capturing:  # a capture is paid once: not what a check costs
+                self.uncaptured = (self.uncaptured + [overhead])[-8:]
             self.spent += overhead
             LEDGER.spent += overhead
+        self.capturing = False
         set_period(self)
 
 
@@ -419,6 +424,14 @@ def gate(plan: Schedule) -> None:
         follower.every_call = every
     follower.every_call = follower.every_call and bool(follower.indices)
     plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
+
+
+def lost(plan: Schedule, seconds: float) -> None:
+    """What a check that failed part way cost (a reference that could not be computed):
+    the sentinel's, past the first calls, though no check's cost to set a period from."""
+    if plan.clock is not None and seconds > 0:
+        plan.spent += seconds
+        LEDGER.spent += seconds
 
 
 def charge(plan: Schedule, seconds: float) -> None:
