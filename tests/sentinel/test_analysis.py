@@ -79,6 +79,16 @@ def test_what_a_check_holds_counts_values_alive_at_once_and_one_weight_cast_at_a
     assert found.peak_bytes <= 2 * activation  # two activations at most at once
     need = footprint.reference_bytes(found, 0)
     assert need < 2 * weight64, need  # the three weights in float64 would be 3 * weight64
+    # Under autocast (a training forward: weights that require grad) eager keeps its bf16
+    # casts of the weights for the whole region, and so does the fake run; the float64 run
+    # makes no such cast (18 GiB estimated for a Llama training forward whose references'
+    # capture held 0.75 GiB on an H200)
+    trained = [t.requires_grad_() for t in w]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = numerics.analyse(gm, [x, *trained]).footprint
+    assert cast.peak_bytes >= 3 * weight64 // 4  # the three bf16 casts, alive at once
+    assert cast.peak_fp64_bytes <= 4 * 16 * 1024 * 8 < weight64  # activations, no weight
+    assert weight64 <= cast.cast_fp64_bytes <= weight64 + 16 * 1024 * 8
 
 
 

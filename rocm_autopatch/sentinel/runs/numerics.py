@@ -1,7 +1,6 @@
 """The sentinel's runs: what it needs to run a graph again, safely, eagerly and in float64.
 
-The torch-facing machinery of the numerics sentinel (``schedule`` decides when to check,
-``judge`` how to judge). For one Dynamo graph and one call's inputs:
+The sentinel's torch-facing machinery, for one Dynamo graph and one call's inputs:
 
 - ``copy_graph``: the graph before Inductor takes it (``compile_fx`` may rewrite the graph
   it is given); the copy shares parameters and submodules, it copies no tensor;
@@ -147,6 +146,14 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
     return found
 
 
+def _casts(func: Any, args: Any, out: Any) -> bool:
+    """Does ``func`` cast a floating tensor to another floating dtype (``aten._to_copy``)?"""
+    x = args[0] if args else None
+    return (func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor)
+            and isinstance(x, torch.Tensor) and x.is_floating_point()
+            and out.is_floating_point() and out.dtype != x.dtype)
+
+
 def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysis:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -182,7 +189,7 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
                 effects[f"{namespace}::{func.overloadpacket.__name__}"] = None
             counter.before(leaves((a, kw)))
             out = func(*a, **kw)
-            counter.after(leaves(out))
+            counter.after(leaves(out), cast=_casts(func, a, out))
             return out
 
     try:
