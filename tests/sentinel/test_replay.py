@@ -5,6 +5,8 @@ run op by op, bit for bit, with the program's RNG untouched and a bug still foun
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytestmark = pytest.mark.fast
@@ -59,7 +61,50 @@ def test_on_a_cpu_the_references_run_op_by_op_and_nothing_is_kept() -> None:
     assert replays.seen == {} and replays.captured == {} and replay.held_bytes() == 0
 
 
-def test_kept_buffers_are_refilled_with_the_state_before_each_call() -> None:
+def test_the_check_that_times_a_warm_check_captures_nothing_the_next_one_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """STAND-INS for a device (none here): ``_device`` names one, ``Captured`` records that
+    a capture was made, the device's memory is large. A graph whose references need too much
+    memory to be captured at their first check is captured at its next, except where that
+    check times a warm one (``schedule.calibrating``): the capture's cost would be timed as a
+    check's (88 of 393 ms at call 33 of an H200's training loop) and paid in the budget."""
+    from types import SimpleNamespace
+
+    from rocm_autopatch.sentinel.scheduling import schedule
+
+    made: list = []
+
+    class Graph:  # what ``replayed`` reads of a watched graph: its schedule
+        schedule: Any = None
+
+    class Captured:  # stand-in: what a capture would keep
+        def __init__(self, graph: Any, *rest: Any) -> None:
+            made.append(graph.schedule.calls)
+            self.held, self.first = 0, ("refs",)
+
+    monkeypatch.setattr(replay, "_device", lambda flat: "cuda:0")
+    monkeypatch.setattr(replay, "Captured", Captured)
+    monkeypatch.setattr(replay, "_LIVE", [])
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(total_memory=1 << 40))
+    gm = dynamo_graph(lambda t: t.cos(), torch.randn(4))
+    flat = [torch.randn(4)]
+    pre = snapshot.Snapshot(flat, frozenset())
+    for calls, remembered, captured in ((1 + schedule.CALIBRATE_AFTER, None, []),
+                                        (2 + schedule.CALIBRATE_AFTER, None, [34]),
+                                        (1 + schedule.CALIBRATE_AFTER, 0.01, [33])):
+        made.clear()
+        plan = schedule.Schedule(1, 0.01, [])
+        plan.calls, plan.remembered = calls, remembered
+        graph = Graph()
+        graph.schedule = plan
+        replays = replay.Replays(gm)
+        need = 1 << 50  # past what a first check captures
+        assert replays.replayed((), graph, flat, pre, True, need) is None  # the first check
+        replays.ran((), flat)
+        got = replays.replayed((), graph, flat, pre, True, need)
+        assert made == captured and (got == ("refs",)) == bool(captured), (calls, remembered)
+
     """What a capture keeps for the inputs the references write: one buffer per storage
     (float64 for the float64 run), views re-made as ``make`` makes them, refilled from the
     next call's snapshot; a snapshot of another layout does not fit them."""
