@@ -193,11 +193,8 @@ class Check:
             self.graph.skip("not checked: computing the eager or float64 reference "
                             f"failed ({type(exc).__name__}: {memory.first_line(exc)})")
             memory.release()
-            # counted as a check that ran, as a near tie's is (``undecided``): its cost,
-            # and the values it covered (else each later read of them would try again)
-            self.graph.schedule.checked(self.why, self.flat, self.values or {}, False,
-                                        self.call_seconds, time.perf_counter()
-                                        - self.work_start, numerics.leaves(self.res))
+            schedule.lost(self.graph.schedule,
+                          time.perf_counter() - self.work_start - self.call_seconds)
             return None
 
     def verdict(self, bad: List[Any], outputs: int) -> Any:

@@ -426,6 +426,14 @@ def gate(plan: Schedule) -> None:
     plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
 
 
+def lost(plan: Schedule, seconds: float) -> None:
+    """What a check that failed part way cost (a reference that could not be computed):
+    the sentinel's, past the first calls, though no check's cost to set a period from."""
+    if plan.clock is not None and seconds > 0:
+        plan.spent += seconds
+        LEDGER.spent += seconds
+
+
 def charge(plan: Schedule, seconds: float) -> None:
     """What reading a deferred check's verdict cost, added to that check's (counted at its
     launch, ``Schedule.checked``)."""
