@@ -69,12 +69,12 @@ class Counter:
         self.peak[2] = max(self.peak[2], cast)
 
     def after(self, out: List[Any], cast: bool = False) -> None:
-        """``cast``: the op changed a floating tensor's dtype, which the float64 run does not
-        do (autocast leaves float64 alone; a cast to float64 of a float64 tensor is itself):
-        its outputs take no room there. Autocast keeps its casts of the weights for the
-        whole region, so the fake run of a bf16-autocast training forward (8 layers of
-        TinyLlama's widths, 512 tokens) held every weight at once in float64: 18 GiB
-        estimated, against the 0.75 GiB a capture of its references held on an H200."""
+        """``cast``: the op is autocast's cast of a weight (``kept_cast``), which the
+        float64 run does not make (autocast leaves float64 alone): its outputs take no room
+        there. Autocast keeps those casts for the whole region, so the fake run of a
+        bf16-autocast training forward (8 layers of TinyLlama's widths, 512 tokens) held
+        every weight at once in float64: 18 GiB estimated, against the 0.75 GiB a capture
+        of its references held on an H200."""
         for t in out:
             if isinstance(t, torch.Tensor):
                 ref = storage_of(t)
@@ -90,6 +90,28 @@ class Counter:
         sizes = [_bytes(t) for t in outputs if isinstance(t, torch.Tensor)]
         return Footprint(self.peak[0], self.peak[1], self.peak[2],
                          sum(s[0] for s in sizes), sum(s[1] for s in sizes))
+
+
+def kept_cast(func: Any, args: Any, out: Any) -> bool:
+    """Is it autocast's cast of a weight (a leaf that requires grad, to another floating
+    dtype: the casts autocast keeps for its whole region), which the float64 run does not
+    make? Asked only where autocast is on (``autocasting``). Other casts count: the float64
+    run makes a float64 copy of an input for one, and of a value made keeps that value."""
+    x = args[0] if args else None
+    return (func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor)
+            and isinstance(x, torch.Tensor) and x.is_leaf and x.requires_grad
+            and x.is_floating_point() and out.is_floating_point() and out.dtype != x.dtype)
+
+
+def autocasting(gm: Any) -> bool:
+    """Autocast on at the call (read here: inside a dispatch mode it reads off), or entered
+    by the graph itself (Dynamo keeps ``torch.autocast`` regions as nodes)."""
+    try:
+        on = any(torch.is_autocast_enabled(d) for d in ("cuda", "cpu"))
+    except TypeError:  # torch before 2.4: one flag per device
+        on = torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+    nodes = getattr(getattr(gm, "graph", None), "nodes", ())
+    return on or any("_enter_autocast" in str(n.target) for n in nodes)
 
 
 # Measured against torch's own peak counter (an H200, torch 2.11, a 4-layer Llama of

@@ -146,14 +146,6 @@ def analyse(gm: Callable[..., Any], args: List[Any]) -> Analysis:
     return found
 
 
-def _casts(func: Any, args: Any, out: Any) -> bool:
-    """Does ``func`` cast a floating tensor to another floating dtype (``aten._to_copy``)?"""
-    x = args[0] if args else None
-    return (func.overloadpacket is torch.ops.aten._to_copy and isinstance(out, torch.Tensor)
-            and isinstance(x, torch.Tensor) and x.is_floating_point()
-            and out.is_floating_point() and out.dtype != x.dtype)
-
-
 def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysis:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -165,6 +157,7 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
     talks: Dict[str, None] = {}
     given: set = set()
     counter = footprint.Counter(given)
+    autocasting = footprint.autocasting(gm)
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
@@ -189,7 +182,7 @@ def _analyse(gm: Callable[..., Any], args: List[Any], symbolic: bool) -> Analysi
                 effects[f"{namespace}::{func.overloadpacket.__name__}"] = None
             counter.before(leaves((a, kw)))
             out = func(*a, **kw)
-            counter.after(leaves(out), cast=_casts(func, a, out))
+            counter.after(leaves(out), cast=autocasting and footprint.kept_cast(func, a, out))
             return out
 
     try:
