@@ -183,9 +183,10 @@ VARIABLES: Tuple[Variable, ...] = (
     Variable(RUNGS, _text, "a file; `off` (default: `rungs.json` in `ROCM_AUTOPATCH_CACHE`'s "
              "directory, else `~/.cache/rocm-autopatch/rungs.json`)",
              "", "where the largest integer inputs (positions, token ids) at which each "
-             "graph's checks passed are remembered, with a check's cost, so that a later "
-             "process starts its ladder there and sets its sampled checks' period without "
-             "a check of its own (`off`: neither read nor written)",
+             "graph's checks passed are remembered, with a check's cost (for a graph "
+             "without integer inputs, the cost alone), so that a later process starts its "
+             "ladder there and sets its sampled checks' period without a check of its own "
+             "(`off`: neither read nor written)",
              "the numerics sentinel"),
     Variable(REPORT, _text, "a path; `{rank}`, `{pid}` replaced", "",
              "write a compile report per process at exit", "processes that compile"),
