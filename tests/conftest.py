@@ -251,15 +251,56 @@ def wheel() -> Path:
     return found
 
 
+def runners_own(packages: List[str]) -> Optional[Path]:
+    """The site-packages of the interpreter running pytest where it holds every one of
+    ``packages`` as pinned (``name==version``, a local tag such as ``+cpu`` allowed) or at
+    all (a bare name): what the README's test command just installed with ``.[test]``."""
+    for spec in packages:
+        name, _, pinned = spec.partition("==")
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+        if pinned and have.split("+")[0] != pinned:
+            return None
+    site = Path(importlib.metadata.distribution("torch").locate_file(""))
+    return site if (site / "torch").is_dir() else None
+
+
+def link_site(source: Path, target: Path) -> None:
+    """Every entry of ``source`` linked into ``target``, but for rocm-autopatch's own files
+    (the wheel under test is installed there), start-up files (``.pth``) and what the new
+    venv has already (its pip)."""
+    for entry in source.iterdir():
+        if (entry.name.startswith(("rocm_autopatch", "_rocm_autopatch"))
+                or entry.suffix == ".pth" or (target / entry.name).exists()):
+            continue
+        (target / entry.name).symlink_to(entry)
+
+
 def make_venv(path: Path, packages: List[str]) -> None:
+    """A venv holding ``packages``. Where pytest's own interpreter has them (CI, a
+    newcomer's first run: the test command installed them a minute before) they are linked
+    from there rather than installed again: pip's second install of torch and transformers
+    was about 40 CPU s of the suite's 1,900 on the 2-core machine (issue 42)."""
     marker = path / ".ready"
-    wanted = " ".join(packages)
-    if marker.exists() and marker.read_text() == wanted:
+    seed = runners_own(packages) if packages else None
+    wanted = " ".join(packages) + (f" linked from {seed}" if seed else "")
+    # A linked venv whose source went (its links dangle) is made again.
+    if marker.exists() and marker.read_text() == wanted and (
+            seed is None or (_site(path) / "torch").exists()):
         return
     venv.EnvBuilder(with_pip=True, clear=True).create(path)
-    if packages:
+    if seed:
+        link_site(seed, _site(path))
+    elif packages:
         pip(str(path / "bin" / "python"), *packages)
     marker.write_text(wanted)
+
+
+def _site(path: Path) -> Path:
+    """The purelib of the venv at ``path`` (made by this interpreter's version)."""
+    return path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
 @pytest.fixture(scope="session")
