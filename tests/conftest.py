@@ -153,7 +153,10 @@ class Venv:
         return {**found, "release": (int(major), int("".join(c for c in minor if c.isdigit())))}
 
     def has(self, module: str) -> bool:
-        return self.run(f"import {module}", env={"ROCM_AUTOPATCH": "0"}).returncode == 0
+        """Whether ``module`` is installed in this venv: found by its interpreter, not
+        imported (an import of transformers was about 3 CPU s a test)."""
+        code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+        return self.run(code, env={"ROCM_AUTOPATCH": "0"}).returncode == 0
 
     def needs(self, module: str) -> None:
         if not self.has(module):
@@ -278,6 +281,22 @@ def link_site(source: Path, target: Path) -> None:
         (target / entry.name).symlink_to(entry)
 
 
+def link_scripts(source: Path, venv_path: Path) -> None:
+    """The console scripts of the distributions in ``source`` (``torchrun``, transformers'
+    CLI), written into the venv's ``bin`` for its own interpreter, as pip writes them: the
+    runner's own would start the runner's interpreter."""
+    python = venv_path / "bin" / "python"
+    for dist in importlib.metadata.distributions(path=[str(source)]):
+        for entry in dist.entry_points:
+            script = venv_path / "bin" / entry.name
+            if entry.group != "console_scripts" or script.exists() or not entry.attr:
+                continue
+            top = entry.attr.split(".")[0]
+            script.write_text(f"#!{python}\nimport sys\nfrom {entry.module} import {top}\n"
+                              f"if __name__ == '__main__':\n    sys.exit({entry.attr}())\n")
+            script.chmod(0o755)
+
+
 def make_venv(path: Path, packages: List[str]) -> None:
     """A venv holding ``packages``. Where pytest's own interpreter has them (CI, a
     newcomer's first run: the test command installed them a minute before) they are linked
@@ -293,6 +312,7 @@ def make_venv(path: Path, packages: List[str]) -> None:
     venv.EnvBuilder(with_pip=True, clear=True).create(path)
     if seed:
         link_site(seed, _site(path))
+        link_scripts(seed, path)
     elif packages:
         pip(str(path / "bin" / "python"), *packages)
     marker.write_text(wanted)

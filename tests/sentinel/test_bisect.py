@@ -185,7 +185,8 @@ if open(os.path.join(here, "mode")).read() == "sleep":
     time.sleep(300)
 from torch._inductor import cpu_vec_isa  # the ISAs picked once by the warm interpreter
 print("not reproduced: a stand-in repro, pid", os.getpid(), "parent", os.getppid(),
-      "isas", cpu_vec_isa.valid_vec_isa_list.cache_info().currsize)
+      "isas", cpu_vec_isa.valid_vec_isa_list.cache_info().currsize,
+      "cache-dir", os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
 sys.exit(0)
 '''
 
@@ -229,10 +230,17 @@ def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
     CPU's vector ISA: each one's verdict is read; if that interpreter dies, the steps go on
     in fresh interpreters; a step that never ends is killed at the limit, with what it
     started."""
-    (tmp_path / "repro.py").write_text(FAKE_REPRO)
+    # The program's kernel cache, pinned as torch pins it in a repro (``repro._fill``).
+    program = tmp_path / "program-kernels"
+    program.mkdir()
+    pin = f"os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', {str(program)!r})\n"
+    (tmp_path / "repro.py").write_text(FAKE_REPRO.replace("import os, sys, time\n",
+                                                          "import os, sys, time\n" + pin))
     out = torch_venv.json(STEPS, str(tmp_path))
     ok, last, server = out["first"]
     assert ok and last.startswith("not reproduced: a stand-in repro")
+    # Its steps build kernels where the program's are: the first finds them there.
+    assert last.split("cache-dir ")[1].split()[0] == program.name
     assert last.split("parent ")[1].split()[0] == str(server)  # forked by the warm one
     assert last.split("isas ")[1].split()[0] == "1"  # no step probes the CPU again
     ok, last, forked, fork = out["second"]
@@ -241,6 +249,23 @@ def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
     assert last.split("isas ")[1].split()[0] == "0"
     assert "could not run the step" in (tmp_path / "log").read_text()
     assert out["ended"] == "out of time" and out["forked"] == 1 and out["alive"] is False
+
+
+@pytest.mark.fast
+def test_a_bisection_builds_kernels_in_the_programs_cache_only_where_it_exists(
+        tmp_path: Path) -> None:
+    from rocm_autopatch.sentinel.healing import steps
+
+    repro = tmp_path / "repro.py"
+    repro.write_text("import os\nos.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', "
+                     f"{str(tmp_path)!r})\n")
+    assert steps.program_kernels(str(repro)) == str(tmp_path)
+    repro.write_text("import os\nos.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', "
+                     f"{str(tmp_path / 'elsewhere')!r})\n")  # sent from another machine
+    assert steps.program_kernels(str(repro)) is None
+    repro.write_text("import os\n")
+    assert steps.program_kernels(str(repro)) is None
+    assert steps.program_kernels(str(tmp_path / "missing.py")) is None
 
 
 @pytest.mark.fast

@@ -13,8 +13,10 @@ imports touch the runtime cannot be proved for every build (HIP included) here.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -30,8 +32,9 @@ STEP_SECONDS = 600.0  # one run of the repro (a compile)
 
 # Caches keyed on the graph and settings, not on the bisector's state or the change tried,
 # would serve one step's compile to the next; torch's kernel caches (C++ and Triton, keyed by
-# the kernel's source) stay on. Step 1 without them took 19.9 s to compile the README demo's
-# graph on a 2-core CPU; a later step 7.1 s.
+# the kernel's source and compile flags) stay on, in the program's own directory where the
+# repro names one that exists (``program_kernels``). Step 1 in an empty directory took 19.9 s
+# to compile the README demo's graph on a 2-core CPU; a later step 7.1 s.
 GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
                     "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
                     "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "0",
@@ -49,6 +52,24 @@ class OutOfTime(Exception):
     pass
 
 
+PINNED = re.compile(r"^os\.environ\.setdefault\('TORCHINDUCTOR_CACHE_DIR', (.+)\)$", re.MULTILINE)
+
+
+def program_kernels(repro: str) -> Optional[str]:
+    """The Inductor cache directory ``repro`` pins (the program's, ``repro._fill``) where it
+    exists on this machine: there the program's compile left the graph's kernels, so the
+    bisection's first step does not build them all again (a kernel is found by its source
+    and compile flags: a step that changes what is generated builds its own). None where
+    the repro names none, or a directory this machine lacks (a repro sent from elsewhere)."""
+    try:
+        with open(repro) as handle:
+            found = PINNED.search(handle.read())
+        where = ast.literal_eval(found.group(1)) if found else None
+    except (OSError, ValueError, SyntaxError):
+        return None
+    return where if isinstance(where, str) and os.path.isdir(where) else None
+
+
 class Runner:
     """Runs the repro, one step at a time, within the limits; says where it is."""
 
@@ -63,7 +84,8 @@ class Runner:
         self.last = ""  # the last step's last line of output, and how it ended
         self.verdict = False  # whether that step ended with repro.py's verdict
         self.state = tempfile.mkdtemp(prefix="rocm-autopatch-bisect-")
-        self.kernels = os.path.join(self.state, "inductor")  # Triton's goes under it too
+        # Triton's kernels go under it too; the bisector's own state stays in ``state``.
+        self.kernels = program_kernels(self.repro) or os.path.join(self.state, "inductor")
         self.fork = device == "cpu" and hasattr(os, "fork")
         self.server: Optional[subprocess.Popen] = None
         self.forked = 0  # steps run as forks of the warm interpreter
