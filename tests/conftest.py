@@ -304,7 +304,7 @@ def make_venv(path: Path, packages: List[str]) -> None:
     was about 40 CPU s of the suite's 1,900 on the 2-core machine (issue 42)."""
     marker = path / ".ready"
     seed = runners_own(packages) if packages else None
-    wanted = " ".join(packages) + (f" linked from {seed}" if seed else "")
+    wanted = " ".join(packages) + (f" linked from {seed} with its scripts" if seed else "")
     # A linked venv whose source went (its links dangle) is made again.
     if marker.exists() and marker.read_text() == wanted and (
             seed is None or (_site(path) / "torch").exists()):
