@@ -318,9 +318,12 @@ import torch, torch.distributed as dist
 from torch._dynamo.utils import counters
 import torch._inductor.config as config
 dist.init_process_group("gloo")
-f = torch.compile(lambda x: torch.relu(x @ x.T) + 1)
+# A GEMM alone: Inductor generates no kernel (no g++ in a fresh cache), and its scheduler
+# still meets the other rank in the autotuning's collective (torch/_inductor/scheduler.py,
+# distributed_autotune.schedule), at every compile that is not a cache hit.
+f = torch.compile(lambda x: x @ x.T)
 x = torch.randn(16, 16)
-ok = bool(torch.allclose(f(x), torch.relu(x @ x.T) + 1, atol=1e-5))
+ok = bool(torch.allclose(f(x), x @ x.T, atol=1e-5))
 print(json.dumps({"rank": rank, "ok": ok, "shared": config.distributed_max_autotune_gemm,
                   "hit": counters["inductor"]["fxgraph_cache_hit"]}), flush=True)
 dist.destroy_process_group()
