@@ -78,11 +78,16 @@ def bisect(folder, env):
 
 def main():
     print("rocm-autopatch demo (ROCm behaviour forced with ROCM_AUTOPATCH=force)\n", flush=True)
+    # Part 3's repros and remembered fixes stay in this run's own directory, removed at the
+    # end (each run of the demo had left one in /tmp).
+    with tempfile.TemporaryDirectory(prefix="rocm-autopatch-demo-") as work:
+        demo(work)
+
+
+def demo(work):
     hostile = {"TORCHINDUCTOR_MAX_AUTOTUNE": "1"}
     first = (("without rocm-autopatch", {"ROCM_AUTOPATCH": "0"}),
              ("with rocm-autopatch", {"ROCM_AUTOPATCH": "force"}))
-    work = tempfile.mkdtemp(prefix="rocm-autopatch-demo-")
-    # Part 3's repros and remembered fixes stay in this run's own directory.
     fallback = {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback",
                 "ROCM_AUTOPATCH_VERIFY_DIR": os.path.join(work, "repros"),
                 "ROCM_AUTOPATCH_FIXES": os.path.join(work, "fixes.json"),

@@ -258,27 +258,37 @@ def runners_own(packages: List[str]) -> Optional[Path]:
     """The site-packages of the interpreter running pytest where it holds every one of
     ``packages`` as pinned (``name==version``, a local tag such as ``+cpu`` allowed) or at
     all (a bare name): what the README's test command just installed with ``.[test]``."""
+    sites = set()
     for spec in packages:
         name, _, pinned = spec.partition("==")
         try:
-            have = importlib.metadata.version(name)
+            dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             return None
-        if pinned and have.split("+")[0] != pinned:
+        if pinned and dist.version.split("+")[0] != pinned:
             return None
-    site = Path(importlib.metadata.distribution("torch").locate_file(""))
-    return site if (site / "torch").is_dir() else None
+        sites.add(Path(dist.locate_file("")).resolve())
+    return sites.pop() if len(sites) == 1 else None  # one site-packages holds them all
 
 
 def link_site(source: Path, target: Path) -> None:
     """Every entry of ``source`` linked into ``target``, but for rocm-autopatch's own files
-    (the wheel under test is installed there), start-up files (``.pth``) and what the new
-    venv has already (its pip)."""
+    (the wheel under test is installed there), start-up files (``.pth``), ``__pycache__``
+    (a byte-compiled file of the new venv's would land in the runner's) and what the new
+    venv has already (its pip and setuptools, whatever their versions there)."""
+    own = {_project(e.name) for e in target.iterdir() if e.suffix == ".dist-info"}
     for entry in source.iterdir():
         if (entry.name.startswith(("rocm_autopatch", "_rocm_autopatch"))
-                or entry.suffix == ".pth" or (target / entry.name).exists()):
+                or entry.suffix == ".pth" or entry.name == "__pycache__"
+                or (target / entry.name).exists()
+                or entry.suffix == ".dist-info" and _project(entry.name) in own):
             continue
         (target / entry.name).symlink_to(entry)
+
+
+def _project(dist_info: str) -> str:
+    """The project a ``NAME-VERSION.dist-info`` folder is of, normalised."""
+    return dist_info.split("-")[0].lower().replace("_", "-")
 
 
 def link_scripts(source: Path, venv_path: Path) -> None:
@@ -304,7 +314,7 @@ def make_venv(path: Path, packages: List[str]) -> None:
     was about 40 CPU s of the suite's 1,900 on the 2-core machine (issue 42)."""
     marker = path / ".ready"
     seed = runners_own(packages) if packages else None
-    wanted = " ".join(packages) + (f" linked from {seed} with its scripts" if seed else "")
+    wanted = " ".join(packages) + (f" linked from {seed} with its scripts, once" if seed else "")
     # A linked venv whose source went (its links dangle) is made again.
     if marker.exists() and marker.read_text() == wanted and (
             seed is None or (_site(path) / "torch").exists()):

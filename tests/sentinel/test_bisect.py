@@ -105,6 +105,10 @@ def test_a_wrong_decomposition_is_bisected_at_exit_and_healed_next_run(
     (graph,) = first["graphs"]
     assert first["ok"] and graph["status"] == "fell back", first
     folder = Path(graph["repro"])
+    # The repro names the program's kernel cache, which its bisection's steps start from.
+    from rocm_autopatch.sentinel.healing import steps
+
+    assert steps.program_kernels(str(folder / "repro.py")) == str(tmp_path / "inductor-cache")
     # Started at exit: the compile report, written after it, says so.
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verify"]["graphs"][0]["bisect"]["status"] == "started in the background"
@@ -186,7 +190,11 @@ if open(os.path.join(here, "mode")).read() == "sleep":
 from torch._inductor import cpu_vec_isa  # the ISAs picked once by the warm interpreter
 print("not reproduced: a stand-in repro, pid", os.getpid(), "parent", os.getppid(),
       "isas", cpu_vec_isa.valid_vec_isa_list.cache_info().currsize,
-      "cache-dir", os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
+      "cache-dir", os.path.basename(os.environ["TORCHINDUCTOR_CACHE_DIR"]),
+      "found", int(os.path.exists(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "k.so"))),
+      "bisector", int(os.path.exists(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"],
+                                                  "bisect"))))
+open(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "built.so"), "w").close()
 sys.exit(0)
 '''
 
@@ -230,17 +238,23 @@ def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
     CPU's vector ISA: each one's verdict is read; if that interpreter dies, the steps go on
     in fresh interpreters; a step that never ends is killed at the limit, with what it
     started."""
-    # The program's kernel cache, pinned as torch pins it in a repro (``repro._fill``).
+    # The program's kernel cache, pinned as torch pins it in a repro (``repro._fill``): a
+    # kernel, and the state torch's own bisector left there (its command line's).
     program = tmp_path / "program-kernels"
-    program.mkdir()
+    (program / "bisect").mkdir(parents=True)
+    (program / "bisect" / "bisect_status.txt").write_text("inductor\n")
+    (program / "k.so").write_text("a kernel")
     pin = f"os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', {str(program)!r})\n"
     (tmp_path / "repro.py").write_text(FAKE_REPRO.replace("import os, sys, time\n",
                                                           "import os, sys, time\n" + pin))
     out = torch_venv.json(STEPS, str(tmp_path))
     ok, last, server = out["first"]
     assert ok and last.startswith("not reproduced: a stand-in repro")
-    # Its steps build kernels where the program's are: the first finds them there.
-    assert last.split("cache-dir ")[1].split()[0] == program.name
+    # Its steps find the program's kernels, in a directory of their own (what they build
+    # stays out of the program's cache), without the program's bisector state.
+    said = last.split("cache-dir ")[1].split()
+    assert said[0] == "inductor" and said[1:5] == ["found", "1", "bisector", "0"], last
+    assert sorted(p.name for p in program.iterdir()) == ["bisect", "k.so"]
     assert last.split("parent ")[1].split()[0] == str(server)  # forked by the warm one
     assert last.split("isas ")[1].split()[0] == "1"  # no step probes the CPU again
     ok, last, forked, fork = out["second"]
@@ -252,7 +266,29 @@ def test_a_cpu_graphs_steps_fork_from_a_warm_interpreter_and_stay_bounded(
 
 
 @pytest.mark.fast
-def test_a_bisection_builds_kernels_in_the_programs_cache_only_where_it_exists(
+def test_a_bisections_kernel_cache_links_the_programs_kernels_and_nothing_else(
+        tmp_path: Path) -> None:
+    from rocm_autopatch.sentinel.healing import steps
+
+    program, own = tmp_path / "program", tmp_path / "own"
+    (program / "bisect").mkdir(parents=True)
+    (program / "bisect" / "bisect_status.txt").write_text("inductor")
+    (program / "ab").mkdir()
+    (program / "ab" / "k.so").write_text("a kernel")
+    (program / "ab" / "k.so.lock").write_text("")
+    assert steps.seed(str(program), str(own)) == 1
+    assert sorted(str(p.relative_to(own)) for p in own.rglob("*")) == ["ab", "ab/k.so"]
+    assert (own / "ab" / "k.so").stat().st_ino == (program / "ab" / "k.so").stat().st_ino
+    assert steps.seed(None, str(tmp_path / "empty")) == 0 and (tmp_path / "empty").is_dir()
+    # Every variable a knob sets is one a repro's pin yields to.
+    from rocm_autopatch.sentinel.healing import bisect
+
+    names = {k.change["name"] for k in bisect.KNOBS if k.change["kind"] == "env"}
+    assert names and names <= steps.STEP_VARIABLES
+
+
+@pytest.mark.fast
+def test_the_programs_kernel_cache_is_read_from_the_repro_where_it_exists(
         tmp_path: Path) -> None:
     from rocm_autopatch.sentinel.healing import steps
 

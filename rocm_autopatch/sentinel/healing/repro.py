@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from rocm_autopatch import log, probe, record, settings
-from rocm_autopatch.sentinel.healing import repro_runner
+from rocm_autopatch.sentinel.healing import repro_runner, steps
 from rocm_autopatch.sentinel.judging import judge
 
 SAVE_BYTES = 64 * 2**20  # inputs saved up to this total; above, regenerated from a seed
@@ -185,11 +185,12 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
         # torch.compile builds, a compile the program's report would count as its own.
         options["stable_hash"] = True
     body = generate_compiler_repro_string(gm, inputs, **options)
-    # torch pins the program's Inductor cache directory; a bisection gives each repro run
-    # its own (bisect.Runner), so the pin yields to a directory already set.
-    body = re.sub(r"^os\.environ\[(['\"])TORCHINDUCTOR_CACHE_DIR\1\] = (.+)$",
-                  r"os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', \2)", body,
-                  flags=re.MULTILINE)
+    # torch pins the program's variables (its Inductor cache directory among them); a
+    # bisection's step sets some itself (its own kernel cache, a knob's variable: ``steps``),
+    # so those pins yield to a value already set.
+    names = "|".join(sorted(steps.STEP_VARIABLES))
+    body = re.sub(rf"^os\.environ\[(['\"])({names})\1\] = (.+)$",
+                  r"os.environ.setdefault('\2', \3)", body, flags=re.MULTILINE)
     note = ("" if save else
             f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
             f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "

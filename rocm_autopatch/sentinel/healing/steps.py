@@ -32,8 +32,8 @@ STEP_SECONDS = 600.0  # one run of the repro (a compile)
 
 # Caches keyed on the graph and settings, not on the bisector's state or the change tried,
 # would serve one step's compile to the next; torch's kernel caches (C++ and Triton, keyed by
-# the kernel's source and compile flags) stay on, in the program's own directory where the
-# repro names one that exists (``program_kernels``). Step 1 in an empty directory took 19.9 s
+# the kernel's source and compile flags) stay on, in the bisection's own directory, seeded
+# with links to the program's kernels (``seed``). Step 1 in an empty directory took 19.9 s
 # to compile the README demo's graph on a 2-core CPU; a later step 7.1 s.
 GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
                     "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0",
@@ -41,6 +41,13 @@ GRAPH_CACHES_OFF = {"TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD
                     # Dynamo's record of which dimensions changed (pgo.py), kept per frame
                     "TORCH_DYNAMO_AUTOMATIC_DYNAMIC_LOCAL_PGO": "0",
                     "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "0"}
+
+# What a step sets in the environment that repro.py's own pins must not undo (torch writes
+# the program's TORCH*, TRITON*, INDUCTOR* variables into a repro; ``repro._fill`` makes
+# these defaults): the caches above, where kernels go, and the knobs' variables
+# (``bisect.KNOBS``, tested).
+STEP_VARIABLES = frozenset({*GRAPH_CACHES_OFF, "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
+                            "TRITON_HIP_USE_BLOCK_PINGPONG", "AMDGCN_USE_BUFFER_OPS"})
 
 CHILD = "rocm_autopatch.sentinel.healing.step_child"  # one step, in a fresh interpreter (-m)
 SERVER = "rocm_autopatch.sentinel.healing.step_server"  # the warm interpreter of a CPU graph (-m)
@@ -57,9 +64,7 @@ PINNED = re.compile(r"^os\.environ\.setdefault\('TORCHINDUCTOR_CACHE_DIR', (.+)\
 
 def program_kernels(repro: str) -> Optional[str]:
     """The Inductor cache directory ``repro`` pins (the program's, ``repro._fill``) where it
-    exists on this machine: there the program's compile left the graph's kernels, so the
-    bisection's first step does not build them all again (a kernel is found by its source
-    and compile flags: a step that changes what is generated builds its own). None where
+    exists on this machine: there the program's compile left the graph's kernels. None where
     the repro names none, or a directory this machine lacks (a repro sent from elsewhere)."""
     try:
         with open(repro) as handle:
@@ -68,6 +73,39 @@ def program_kernels(repro: str) -> Optional[str]:
     except (OSError, ValueError, SyntaxError):
         return None
     return where if isinstance(where, str) and os.path.isdir(where) else None
+
+
+SEED_FILES = 100_000  # at most this many of the program's files are linked (a second or so)
+
+
+def seed(program: Optional[str], kernels: str) -> int:
+    """``kernels`` (the bisection's own cache) made a tree of hard links to the files of
+    ``program``'s, so that the first step finds the graph's kernels built (a kernel is found
+    by its source and compile flags: a step that changes what is generated builds its own,
+    in ``kernels``). Links, not the program's directory itself: the steps' kernels and the
+    configurations they tune under a knob stay out of the program's cache and go with the
+    bisection; torch's own bisector state there (``bisect/``, its command line's) and lock
+    files are left out; torch and Triton replace a cache file by renaming a new one over
+    it, never writing through a link. Stops at the first file it cannot link (another
+    user's, another file system): the rest is built. Returns the files linked."""
+    os.makedirs(kernels, exist_ok=True)
+    if program is None:
+        return 0
+    linked = 0
+    for root, dirs, names in os.walk(program):
+        if root == program:
+            dirs[:] = [d for d in dirs if d != "bisect"]
+        here = os.path.join(kernels, os.path.relpath(root, program))
+        try:
+            os.makedirs(here, exist_ok=True)
+            for name in names:
+                if name.endswith(".lock") or linked >= SEED_FILES:
+                    continue
+                os.link(os.path.join(root, name), os.path.join(here, name))
+                linked += 1
+        except OSError:
+            return linked
+    return linked
 
 
 class Runner:
@@ -84,8 +122,8 @@ class Runner:
         self.last = ""  # the last step's last line of output, and how it ended
         self.verdict = False  # whether that step ended with repro.py's verdict
         self.state = tempfile.mkdtemp(prefix="rocm-autopatch-bisect-")
-        # Triton's kernels go under it too; the bisector's own state stays in ``state``.
-        self.kernels = program_kernels(self.repro) or os.path.join(self.state, "inductor")
+        self.kernels = os.path.join(self.state, "inductor")  # Triton's go under it too
+        seed(program_kernels(self.repro), self.kernels)
         self.fork = device == "cpu" and hasattr(os, "fork")
         self.server: Optional[subprocess.Popen] = None
         self.forked = 0  # steps run as forks of the warm interpreter
