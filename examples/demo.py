@@ -125,7 +125,8 @@ def demo(work):
     repros = results[-1][1]["repros"]
     print(f"\n3. When the sentinel warns: the fallback run wrote {len(repros)} repro "
           "director" + ("y" if len(repros) == 1 else "ies") + f"; `rocm-autopatch bisect "
-          f"DIR` on the first ({os.path.basename(repros[0])}), a few minutes on a CPU:")
+          f"DIR` on the first ({os.path.basename(repros[0])}), about a minute on a "
+          "2-core CPU:")
     result = bisect(repros[0], fallback)
     print(f"   {result['answer']} ({result.get('steps')} runs of repro.py, "
           f"{result.get('seconds', 0):.0f} s); fix remembered: {bool(result['remembered'])}")

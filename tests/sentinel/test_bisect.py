@@ -285,6 +285,15 @@ def test_a_bisections_kernel_cache_links_the_programs_kernels_and_nothing_else(
 
     names = {k.change["name"] for k in bisect.KNOBS if k.change["kind"] == "env"}
     assert names and names <= steps.STEP_VARIABLES
+    from rocm_autopatch.sentinel.healing import repro
+
+    pins = ("os.environ['TRITON_HIP_USE_BLOCK_PINGPONG'] = '1'\n"
+            "os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/tmp/k'\n"
+            "os.environ['TORCHINDUCTOR_MAX_AUTOTUNE'] = '1'\n")  # as torch writes them
+    assert repro.yielding(pins).splitlines() == [
+        "os.environ.setdefault('TRITON_HIP_USE_BLOCK_PINGPONG', '1')",
+        "os.environ.setdefault('TORCHINDUCTOR_CACHE_DIR', '/tmp/k')",
+        "os.environ['TORCHINDUCTOR_MAX_AUTOTUNE'] = '1'"]  # the program's, kept
 
 
 @pytest.mark.fast

@@ -174,6 +174,16 @@ def _scale(x: Any) -> Optional[Dict[str, Any]]:
     return {"kind": "int", "low": int(flat.min()), "high": int(flat.max())}
 
 
+def yielding(body: str) -> str:
+    """``body`` (torch's repro, which pins the program's TORCH*, TRITON* and INDUCTOR*
+    variables, its Inductor cache directory among them) with the pins of what a
+    bisection's step sets itself (its own kernel cache, a knob's variable:
+    ``steps.STEP_VARIABLES``) made defaults, which yield to a value already set."""
+    names = "|".join(sorted(steps.STEP_VARIABLES))
+    return re.sub(rf"^os\.environ\[(['\"])({names})\1\] = (.+)$",
+                  r"os.environ.setdefault('\2', \3)", body, flags=re.MULTILINE)
+
+
 def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None:
     from torch._dynamo.repro.after_aot import generate_compiler_repro_string
 
@@ -185,12 +195,7 @@ def _fill(where: str, gm: Any, inputs: List[Any], entry: Dict[str, Any]) -> None
         # torch.compile builds, a compile the program's report would count as its own.
         options["stable_hash"] = True
     body = generate_compiler_repro_string(gm, inputs, **options)
-    # torch pins the program's variables (its Inductor cache directory among them); a
-    # bisection's step sets some itself (its own kernel cache, a knob's variable: ``steps``),
-    # so those pins yield to a value already set.
-    names = "|".join(sorted(steps.STEP_VARIABLES))
-    body = re.sub(rf"^os\.environ\[(['\"])({names})\1\] = (.+)$",
-                  r"os.environ.setdefault('\2', \3)", body, flags=re.MULTILINE)
+    body = yielding(body)
     note = ("" if save else
             f"# Inputs of {size / 2**20:.0f} MiB were not saved (over "
             f"{SAVE_BYTES // 2**20} MiB): they are drawn again with their shapes, dtypes "
