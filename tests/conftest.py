@@ -131,14 +131,21 @@ class Venv:
     def torchrun(self, *args: str, env: Dict[str, str], cwd: str, timeout: int = 300
                  ) -> Optional[subprocess.CompletedProcess]:
         """``torchrun *args`` in a session of its own; None when it runs past ``timeout``,
-        and then torchrun and every rank are killed (a hung rank is never left behind)."""
+        and then torchrun and every rank are killed (a hung rank is never left behind:
+        torch's elastic agent starts each rank in a session of its own, so killing
+        torchrun's group alone left two hung ranks holding the pipes, and the test
+        waited for them until pytest's own limit)."""
         proc = subprocess.Popen([str(self.path / "bin" / "torchrun"), *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=cwd, env=clean_env(**env), start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in [proc.pid, *descendants(proc.pid)]:
+                with contextlib.suppress(OSError):
+                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             proc.communicate()
             return None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -167,6 +174,26 @@ class Venv:
         proc = self.run(code, *args, **kwargs)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def descendants(pid: int) -> List[int]:
+    """The processes below ``pid`` (its children, theirs...), from ``/proc``."""
+    parents: Dict[int, List[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # the fields after the command's closing parenthesis: state, ppid, ...
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
 
 
 def rank_lines(stdout: str) -> List[dict]:

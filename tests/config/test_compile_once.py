@@ -17,6 +17,8 @@ pytestmark = pytest.mark.heavy(40)
 # are inside it at once however loaded the machine: without that, a rank slowed by the load
 # reached it after the other had written the entry, and hit without waiting.
 JOB = r'''
+import faulthandler  # a rank still running at 150 s prints every thread's stack and exits
+faulthandler.dump_traceback_later(150, exit=True)
 import json, os, time, torch, torch.distributed as dist
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -53,15 +55,30 @@ dist.destroy_process_group()
 '''
 
 
+def torchs_own_stall(stderr: str) -> bool:
+    """A rank stopped by the job's own limit inside the autotuning's collective
+    (torch/_inductor/distributed_autotune.py, ``all_gather_object`` on gloo), and no rank
+    waiting in the package's lock. Seen once in about 20 runs of the in-step job
+    (2026-11-29, TESTING.md): one rank blocked on gloo's work-queue mutex while a gloo
+    thread waited for the GIL; the other waited for its collective."""
+    ours = any("compile_once.py" in line and "in __enter__" in line
+               for line in stderr.splitlines())
+    return "Timeout (0:02:30)!" in stderr and "distributed_autotune.py" in stderr and not ours
+
+
 def _job(venv: Any, tmp_path: Path, mode: str, in_step: str = "0") -> List[dict]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    cache = tmp_path / f"cache-{mode}"
-    proc = venv.torchrun("--standalone", "--nproc-per-node", "2", str(script),
-                         env={"ROCM_AUTOPATCH": mode, "TORCHINDUCTOR_CACHE_DIR": str(cache),
-                              "JOB_IN_STEP": in_step},
-                         cwd=str(tmp_path), timeout=240)
-    assert proc is not None, "the job ran past its timeout"
+    for attempt in (1, 2):  # a second job only after torch's own stall, said in its stderr
+        cache = tmp_path / f"cache-{mode}-{attempt}"
+        proc = venv.torchrun("--standalone", "--nproc-per-node", "2", str(script),
+                             env={"ROCM_AUTOPATCH": mode,
+                                  "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                                  "JOB_IN_STEP": in_step},
+                             cwd=str(tmp_path), timeout=240)
+        assert proc is not None, "the job ran past its timeout"
+        if proc.returncode == 0 or not torchs_own_stall(proc.stderr):
+            break
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = rank_lines(proc.stdout)
     assert sorted(r["rank"] for r in ranks) == [0, 1] and all(r["both_ok"] for r in ranks)
