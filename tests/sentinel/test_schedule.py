@@ -140,7 +140,7 @@ def test_an_integer_input_is_checked_at_each_rung_of_the_ladder(clock: Clock) ->
         c = int(1.25 * c) + 1
         rungs.append(c)
     assert ints == rungs and rungs[:8] == [2, 3, 4, 6, 8, 11, 14, 18] and len(rungs) == 25
-    assert _by(ints, schedule.LADDER)
+    assert _by(ints, crossings.LADDER)
     assert not _by(ints, 1.2)  # the ladder is no finer than it says
     assert _values_checks(clock, torch.float32) == [5, 21, 85, 341]
     # the same with the integer read every stride-th call, as before (no reader): on the
@@ -172,7 +172,7 @@ def test_a_position_read_calls_late_is_still_checked_at_its_rung(
     # once two reads gave the growth, each check is the first position past the rung
     later = [(a, b) for a, b in zip(found, found[1:]) if a > late + 2]
     assert len(later) >= 15 and all(b == int(1.25 * a) + 1 for a, b in later), found
-    assert _by(found, schedule.LADDER, start=later[0][0])
+    assert _by(found, crossings.LADDER, start=later[0][0])
 
 
 def test_generations_that_restart_are_each_checked_by_their_rung(clock: Clock) -> None:
@@ -225,10 +225,11 @@ def test_integers_no_reader_follows_are_on_the_ladder_only_once_seen_growing(
     checked past 2x, unless their reads every ``stride`` calls found them growing."""
     plan = schedule.Schedule(1, 0.0, [])
     schedule.follow(plan, None, magnitudes.Magnitudes([0], (0,)))
-    assert schedule.ratio(plan, 0) == schedule.INTEGER_FACTOR
+    plan.checked_max[0] = 100.0
+    assert schedule.beyond(plan, 0) == schedule.INTEGER_FACTOR * 100
     plan.crossings.read(10, {0: 100.0}, (0,), {0: 100.0})
     plan.crossings.read(20, {0: 110.0}, (0,), {0: 100.0})
-    assert schedule.ratio(plan, 0) == schedule.LADDER
+    assert schedule.beyond(plan, 0) == crossings.LADDER * 100
 
 
 def test_a_position_read_late_every_stride_calls_is_checked_by_its_rung(
@@ -250,7 +251,7 @@ def test_a_position_read_late_every_stride_calls_is_checked_by_its_rung(
     # from the second read on (the growth known) each check is at the crossing itself
     later = [c for c in found if c > 128]
     assert later and set(later) <= set(taken), (taken, found)
-    assert _by(found, schedule.LADDER, start=later[0]), found
+    assert _by(found, crossings.LADDER, start=later[0]), found
 
 
 def test_a_predicted_crossing_that_does_not_come_is_not_checked(clock: Clock) -> None:
@@ -512,12 +513,14 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
         clock.now += 4.4e-3
     forced = [s for s, why in checks if why == schedule.VALUES]
     sampled = [s for s, why in checks if why == schedule.SAMPLED]
-    # steps 6, 12, 20, ... (positions 22, 28, 36, ...): each the first past 1.25 times the
-    # position checked before, about log(n / 17) / log(1.25) of them, until sampled checks
-    # (which move the largest checked too) begin
+    # step 6 (position 22, the first past 1.25 times 17) measures a warm check: 40 ms, ten
+    # steps' time. So no rung is forced below the floor, where a check takes a tenth of the
+    # budget of the steps to the next rung (position 0.04 / (0.25 * 10 * 0.01 * 4 ms) = 400,
+    # the pace then the call's 4 ms): then each the first past 1.25 times the position
+    # checked before, until sampled checks (which move the largest checked too) begin
     rungs = [16 + s for s in forced]
-    assert len(forced) >= 30 and rungs[0] == 22
-    assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs, rungs[1:]))
+    assert rungs[0] == 22 and rungs[1] in (400, 401) and len(forced) >= 20  # 400: rounding
+    assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs[1:], rungs[2:]))
     assert schedule.CALIBRATE_AFTER + 1 not in sampled  # a values check measured one first
     # 0.75% of 4.4 ms per step allows a 40 ms check every ~1,212 steps (period 2,048)
     assert sampled and all(s % 2048 == 0 for s in sampled)
@@ -525,6 +528,38 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
         assert len([c for c, why in checks if c <= s and why != schedule.FIRST]) <= s // 2048
     assert sampled[0] == (len(forced) + 1) * 2048  # the forced checks' periods come first
     assert plan.spent <= 0.01 * 0.75 * 100000 * 4.4e-3
+
+
+@pytest.mark.parametrize("budget, overhead, second_rung", [
+    (0.01, 4e-3, 41),  # a check about one step's time (a decode step on a GPU): floor 40
+    (0.01, 0.4e-3, 28),  # a tenth of a step: floor 4, every rung from the first
+    (0.0, 40e-3, 28),  # no budget: every rung, whatever a check costs
+])
+def test_the_ladders_rungs_start_where_a_check_fits_a_tenth_of_the_steps_to_the_next(
+        clock: Clock, budget: float, overhead: float, second_rung: int) -> None:
+    """No rung is forced below the position where a check would take more than ten times
+    the budget of the program's time until the next rung (a quarter of the position, in
+    steps): a graph whose check costs many of its calls does not pay most of a short run
+    for its ladder. Above that floor, and with no budget, each rung is 1.25 times the one
+    before, so a bug from position p is checked by 1.25p."""
+    plan = schedule.Schedule(1, budget, [])
+    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
+                    magnitudes.Magnitudes([0], (0,)))
+    plan.call_seconds = 4e-3
+    rungs = []
+    for step in range(1, 2001):
+        flat = [torch.tensor([16 + step])]
+        why = plan.due(flat)
+        if why is not None:
+            if why == schedule.VALUES:
+                rungs.append(16 + step)
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4e-3, 4e-3 + overhead, [])
+            clock.now += overhead
+        clock.now += 4e-3
+    assert rungs[:2] == [22, second_rung]
+    assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs[1:], rungs[2:]))
+    # the ladder went on to the end (sampled checks, once they begin, move it too)
+    assert plan.checked_max[0] * 1.25 >= 2016
 
 
 def test_a_check_cost_an_earlier_process_measured_sets_the_period_without_a_check(

@@ -15,8 +15,8 @@ watched for the whole run:
 - a call whose watched inputs leave the magnitudes checked so far is checked: a float input
   more than ``REGIME_FACTOR`` times the largest checked, an integer input (a position, a
   cache index) more than ``LADDER`` times it, or non-finite where no checked call had any.
-  So a decode loop's position is checked on a ladder of rungs 1.25x apart, and a bug that
-  starts at position p is checked by 1.25p in the generation that first reaches it.
+  So a position is checked on rungs 1.25x apart (above ``crossings.floor``), and a bug from
+  position p is checked by 1.25p in the generation that first reaches it.
   Small integer inputs (``integers``) are read at every call without a synchronisation
   (one copy to pinned memory, read a call or a few later), so no rung is passed between
   two reads; their cost counts against a quarter of the budget (``VALUES_SHARE``), and
@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from rocm_autopatch.sentinel.scheduling import quiet
-from rocm_autopatch.sentinel.scheduling.crossings import LADDER, Crossings
+from rocm_autopatch.sentinel.scheduling.crossings import Crossings, floor
 from rocm_autopatch.sentinel.scheduling.integers import TIMED, Integers
 from rocm_autopatch.sentinel.scheduling.ledger import LEDGER, lower_median
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
@@ -279,11 +279,11 @@ class Schedule:
     def new_regime(self, values: Dict[int, float]) -> bool:
         integer = self.magnitudes.integer if self.magnitudes is not None else frozenset()
         for i, value in values.items():
-            factor = ratio(self, i) if i in integer else REGIME_FACTOR
+            past = beyond(self, i) if i in integer else REGIME_FACTOR * self.checked_max.get(i, 0)
             if not math.isfinite(value):
                 if i not in self.checked_non_finite:
                     return True
-            elif value > factor * self.checked_max.get(i, 0.0):
+            elif value > past:
                 return True
         return False
 
@@ -314,8 +314,6 @@ class Schedule:
         if why in (SHAPE, VALUES):
             self.owed += 1
         self.overheads = (self.overheads + [overhead])[-8:]
-        # the largest checked moved: the next crossing is further on
-        self.crossings.plan(self.calls, values, self.checked_max)
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
             if not self.capturing:  # a capture is paid once: not what a check costs
@@ -324,13 +322,18 @@ class Schedule:
             LEDGER.spent += overhead
         self.capturing = False
         set_period(self)
+        # the largest checked (and the floor) moved: the next crossing is further on
+        self.crossings.plan(self.calls, values, self.checked_max)
 
 
 def set_period(plan: Schedule) -> None:
-    """``plan``'s sampled checks' period from a check's cost and the program's pace."""
+    """``plan``'s sampled checks' period, and its ladder's floor, from a check's cost and
+    the program's pace."""
     pace = plan.pace()
     if plan.budget > 0 and pace:
         plan.period = _power_of_two(plan.overhead() / (checks_share(plan) * pace))
+        warm = plan.uncaptured or plan.warm or [plan.remembered]  # a first check's: cold
+        plan.crossings.floor = floor(lower_median(warm), pace, plan.budget) if warm[0] else 0.0
 
 
 def calibrating(plan: Optional[Schedule]) -> bool:
@@ -379,16 +382,18 @@ def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
     return False
 
 
-def ratio(plan: Schedule, i: int) -> float:
-    """How far past its largest checked an integer input is checked: ``LADDER`` for one
-    that grows (the reader's, once it has decided; before, all it reads; else one whose
-    reads every ``stride`` calls found it growing), ``INTEGER_FACTOR`` for the others."""
+def beyond(plan: Schedule, i: int) -> float:
+    """The value past which integer input ``i`` is checked: its next rung (``crossings``)
+    where it grows (the reader's, once it has decided; before, all it reads; else one whose
+    reads every ``stride`` calls found growing), else ``INTEGER_FACTOR`` times its largest."""
     follower = plan.integers
     if follower is not None and i in follower.chosen and not follower.stopped:
         growing = i in (follower.indices if follower.decided else follower.chosen)
     else:
         growing = i in plan.crossings.rates
-    return LADDER if growing else INTEGER_FACTOR
+    if growing:
+        return plan.crossings.target(i, plan.checked_max)
+    return INTEGER_FACTOR * plan.checked_max.get(i, 0.0)
 
 
 def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes) -> None:
