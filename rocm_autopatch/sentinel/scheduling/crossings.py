@@ -15,10 +15,10 @@ LADDER = 1.25
 # A rung is forced only where the calls until the next one ((LADDER - 1) p of a position
 # growing one a call) take at least this many times what a check costs, over the budget:
 # with the default 1%, where a check costs at most a tenth of the program's time to the next
-# rung. A graph whose check costs many of its calls (0.7 ms against 35 us on the CPU) paid
-# 50% of its program's time over 300 calls and 9% over 30,000 (34 rungs); an 8-layer decode
-# step on an H200 (a check about one call's time) starts its ladder near position 47
-# instead of 20. Below the floor, a bug is found at the floor, not by 1.25p.
+# rung. A graph whose check costs many of its calls (25 us a call on the CPU) paid 13
+# forced checks in a 300-call run, the sentinel's share 53-56% (3.7x the wall time of off);
+# with the floor 1-2 checks and 1.6x (BENCHMARKS.md, "A graph of microseconds"). Below the
+# floor a bug is found at the floor, not by 1.25p.
 LADDER_CEILING = 10.0
 
 
