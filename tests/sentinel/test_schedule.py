@@ -516,10 +516,11 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
     # step 6 (position 22, the first past 1.25 times 17) measures a warm check: 40 ms, ten
     # steps' time. So no rung is forced below the floor, where a check takes a tenth of the
     # budget of the steps to the next rung (position 0.04 / (0.25 * 10 * 0.01 * 4 ms) = 400,
-    # the pace then the call's 4 ms): then each the first past 1.25 times the position
-    # checked before, until sampled checks (which move the largest checked too) begin
+    # the pace then the call's 4 ms, raised to 1.25^27 = 413.6): then each the first past
+    # 1.25 times the position checked before, until sampled checks (which move the largest
+    # checked too) begin
     rungs = [16 + s for s in forced]
-    assert rungs[0] == 22 and rungs[1] in (400, 401) and len(forced) >= 20  # 400: rounding
+    assert rungs[:2] == [22, 414] and len(forced) >= 20
     assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs[1:], rungs[2:]))
     assert schedule.CALIBRATE_AFTER + 1 not in sampled  # a values check measured one first
     # 0.75% of 4.4 ms per step allows a 40 ms check every ~1,212 steps (period 2,048)
@@ -531,7 +532,8 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
 
 
 @pytest.mark.parametrize("budget, overhead, second_rung", [
-    (0.01, 4e-3, 41),  # a check about one step's time (a decode step on a GPU): floor 40
+    (0.01, 4e-3, 45),  # a check about one step's time (a decode step on a GPU): floor 40,
+    # raised to 1.25^17 = 44.4
     (0.01, 0.4e-3, 28),  # a tenth of a step: floor 4, every rung from the first
     (0.0, 40e-3, 28),  # no budget: every rung, whatever a check costs
 ])
@@ -1010,3 +1012,14 @@ def test_a_check_whose_reference_fails_is_still_the_sentinels_cost(
     # account and the process's
     assert plan.spent >= 0.1 * (plan.skipped - 1) and schedule.LEDGER.spent >= plan.spent
 
+
+
+def test_the_ladders_floor_is_a_rung_of_its_own_so_ranks_whose_costs_are_close_agree() -> None:
+    """The floor is raised to a power of ``LADDER``: two ranks whose checks cost 4.0 and 4.3
+    ms at the same pace choose the same floor (the rungs they force are then the same);
+    no budget, no cost or no pace: no floor."""
+    rung = crossings.LADDER ** 17  # 44.4, the first power at or above 40
+    assert crossings.floor(4.0e-3, 4e-3, 0.01) == crossings.floor(4.3e-3, 4e-3, 0.01) == rung
+    assert crossings.floor(4.5e-3, 4e-3, 0.01) == crossings.LADDER ** 18  # 45 > 44.4
+    assert crossings.floor(4e-3, 4e-3, 0.0) == crossings.floor(0.0, 4e-3, 0.01) == 0.0
+    assert crossings.floor(4e-3, 0.0, 0.01) == 0.0

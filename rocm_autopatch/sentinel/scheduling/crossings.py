@@ -25,11 +25,13 @@ LADDER_CEILING = 10.0
 def floor(cost: float, pace: float, budget: float) -> float:
     """The position (for growth of one a call) below which no rung is forced: where a check
     of ``cost`` seconds, at ``pace`` seconds of the program a call, would take more than
-    ``LADDER_CEILING`` times the ``budget`` of the calls until the next rung. 0 with a
-    budget of 0 (the ladder as it was: every rung forced)."""
-    if budget <= 0 or pace <= 0:
+    ``LADDER_CEILING`` times the ``budget`` of the calls until the next rung, raised to a
+    power of ``LADDER`` (so that ranks whose costs differ by less than that mostly choose
+    the same rungs). 0 with a budget of 0 (the ladder as it was: every rung forced)."""
+    if budget <= 0 or pace <= 0 or cost <= 0:
         return 0.0
-    return cost / ((LADDER - 1) * LADDER_CEILING * budget * pace)
+    position = cost / ((LADDER - 1) * LADDER_CEILING * budget * pace)
+    return LADDER ** math.ceil(math.log(max(position, 1.0)) / math.log(LADDER))
 
 
 class Crossings:
