@@ -226,10 +226,10 @@ def test_integers_no_reader_follows_are_on_the_ladder_only_once_seen_growing(
     plan = schedule.Schedule(1, 0.0, [])
     schedule.follow(plan, None, magnitudes.Magnitudes([0], (0,)))
     plan.checked_max[0] = 100.0
-    assert schedule.beyond(plan, 0) == schedule.INTEGER_FACTOR * 100
+    assert crossings.beyond(plan, 0) == crossings.INTEGER_FACTOR * 100
     plan.crossings.read(10, {0: 100.0}, (0,), {0: 100.0})
     plan.crossings.read(20, {0: 110.0}, (0,), {0: 100.0})
-    assert schedule.beyond(plan, 0) == crossings.LADDER * 100
+    assert crossings.beyond(plan, 0) == crossings.LADDER * 100
 
 
 def test_a_position_read_late_every_stride_calls_is_checked_by_its_rung(
@@ -1023,3 +1023,26 @@ def test_the_ladders_floor_is_a_rung_of_its_own_so_ranks_whose_costs_are_close_a
     assert crossings.floor(4.5e-3, 4e-3, 0.01) == crossings.LADDER ** 18  # 45 > 44.4
     assert crossings.floor(4e-3, 4e-3, 0.0) == crossings.floor(0.0, 4e-3, 0.01) == 0.0
     assert crossings.floor(4e-3, 0.0, 0.01) == 0.0
+
+
+def test_the_ladders_floor_answers_to_a_check_that_captured_nothing_with_its_verdict(
+        clock: Clock) -> None:
+    """The floor comes from what a warm check costs: not a check that captured its
+    references (paid once; an earlier process's capture-free cost is taken before it), and
+    with a deferred verdict's read added when it is read (``charge``)."""
+    plan = schedule.Schedule(1, 0.01, [])
+    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
+                    magnitudes.Magnitudes([0], (0,)))
+    plan.call_seconds, plan.remembered = 4e-3, 4e-3  # an earlier process's: floor 44.4
+    flat = [torch.tensor([20])]
+    for _ in range(3):
+        plan.due(flat)
+        clock.now += 4e-3
+    plan.capturing = True  # this check captures: 200 ms, once
+    plan.checked(schedule.VALUES, flat, {0: 20.0}, True, 4e-3, 204e-3, [])
+    assert plan.crossings.floor == crossings.LADDER ** 17
+    plan.checked(schedule.VALUES, flat, {0: 20.0}, True, 0.0, 1e-3, [])  # launched: 1 ms
+    assert plan.crossings.floor == crossings.floor(1e-3, plan.pace(), 0.01)
+    schedule.charge(plan, 3e-3)  # its verdict read: 4 ms in all
+    assert plan.uncaptured == [4e-3]
+    assert plan.crossings.floor == crossings.floor(4e-3, plan.pace(), 0.01) > 30

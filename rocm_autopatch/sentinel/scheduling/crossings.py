@@ -1,11 +1,15 @@
-"""Integers that grow steadily (a decode loop's position) among the inputs read every
-``stride``-th call: the call at which each will pass its next rung of the ladder, predicted
-from two reads, so that its values are read at once there (``schedule``)."""
+"""The ladder of integer inputs: the value past which each is checked (``beyond``: its next
+rung where it grows, not below the ladder's ``floor``), and, for integers that grow steadily
+(a decode loop's position) among the inputs read every ``stride``-th call, the call at
+which each will pass its next rung, predicted from two reads, so that its values are read
+at once there (``schedule``)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Dict, FrozenSet, Optional, Tuple
+
+from rocm_autopatch.sentinel.scheduling.ledger import lower_median
 
 # Integers (positions, lengths, cache indices) are followed closer: a check each time the
 # largest passes 1.25 times the largest checked (issue 43, item 3), so a bug from position p
@@ -17,9 +21,14 @@ LADDER = 1.25
 # with the default 1%, where a check costs at most a tenth of the program's time to the next
 # rung. A graph whose check costs many of its calls (25 us a call on the CPU) paid 13
 # forced checks in a 300-call run, the sentinel's share 53-56% (3.7x the wall time of off);
-# with the floor 1-2 checks and 1.6x (BENCHMARKS.md, "A graph of microseconds"). Below the
-# floor a bug is found at the floor, not by 1.25p.
+# with the floor 1-2 checks and 1.6x (BENCHMARKS.md, "A graph of microseconds"). A bug from
+# below the floor is checked when a generation passes the floor, not by 1.25p; where none
+# does, only by the sampled checks.
 LADDER_CEILING = 10.0
+# Integer inputs that do not grow (token ids, labels: up and down from call to call) are
+# checked past twice the largest checked, as all integers were before the ladder; their
+# largest soon nears its bound (the vocabulary) and they stop forcing checks.
+INTEGER_FACTOR = 2.0
 
 
 def floor(cost: float, pace: float, budget: float) -> float:
@@ -53,7 +62,7 @@ class Crossings:
         # the rungs an earlier process passed, by input name: where this one's ladder
         # started (``rungs``)
         self.remembered: Dict[str, float] = {}
-        # calls of growth below which no rung is forced (``schedule.ladder_floor``)
+        # the position (for growth of one a call) below which no rung is forced (``set_floor``)
         self.floor = 0.0
 
     def target(self, i: int, checked: Dict[int, float]) -> float:
@@ -107,3 +116,27 @@ class Crossings:
             if values.get(i, math.inf) < self.seen[i][1]:
                 del self.rates[i]
         self.plan(n, values, checked)
+
+
+def set_floor(plan: Any) -> None:
+    """``plan``'s ladder's floor (``crossings.floor``) from a warm check's cost (one that
+    captured nothing, its verdict's read included; else an earlier process's; else one
+    that captured: a first check's is cold) and the program's pace now. Against the whole
+    budget, not the graph's part: a decode graph beside a prefill graph keeps its rungs."""
+    pace = plan.pace()
+    warm = plan.uncaptured or ([plan.remembered] if plan.remembered else plan.warm)
+    plan.crossings.floor = floor(lower_median(warm), pace, plan.budget) if warm and pace else 0.0
+
+
+def beyond(plan: Any, i: int) -> float:
+    """The value past which integer input ``i`` is checked: its next rung (``crossings``)
+    where it grows (the reader's, once it has decided; before, all it reads; else one whose
+    reads every ``stride`` calls found growing), else ``INTEGER_FACTOR`` times its largest."""
+    follower = plan.integers
+    if follower is not None and i in follower.chosen and not follower.stopped:
+        growing = i in (follower.indices if follower.decided else follower.chosen)
+    else:
+        growing = i in plan.crossings.rates
+    if growing:
+        return plan.crossings.target(i, plan.checked_max)
+    return INTEGER_FACTOR * plan.checked_max.get(i, 0.0)

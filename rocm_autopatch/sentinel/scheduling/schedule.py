@@ -56,7 +56,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import torch
 
 from rocm_autopatch.sentinel.scheduling import quiet
-from rocm_autopatch.sentinel.scheduling.crossings import Crossings, floor
+from rocm_autopatch.sentinel.scheduling.crossings import (
+    Crossings,
+    beyond,
+    set_floor,
+)
 from rocm_autopatch.sentinel.scheduling.integers import TIMED, Integers
 from rocm_autopatch.sentinel.scheduling.ledger import LEDGER, lower_median
 from rocm_autopatch.sentinel.scheduling.magnitudes import Magnitudes
@@ -80,10 +84,6 @@ VALUES_SHARE = 0.25
 CHECKS_FLOOR = 1 / 4
 MIN_VALUES_BUDGET = 0.01  # with a budget of 0 (first calls only) values are still followed
 FOLLOW_GATE = 64  # calls between two decisions whether the small integers' reads fit
-# Integer inputs that do not grow (token ids, labels: up and down from call to call) are
-# checked past twice the largest checked, as all integers were before the ladder; their
-# largest soon nears its bound (the vocabulary) and they stop forcing checks.
-INTEGER_FACTOR = 2.0
 CALIBRATE_AFTER = 32  # the calls after the first ones at which a warm check is timed
 SEEN_MAX = 1 << 16  # signatures remembered; past that, counted only
 
@@ -155,6 +155,7 @@ class Schedule:
         self.warm: List[float] = []  # the same, of checks after the first calls
         self.uncaptured: List[float] = []  # ...of those that captured nothing (``rungs``)
         self.capturing = False  # this check captures its references (``replay``)
+        self.last_uncaptured = False  # the last check was warm and captured nothing
         self.remembered: Optional[float] = None  # a warm check's cost, an earlier process's
         self.sampled_calls: List[int] = []  # the last sampled checks' call numbers
         self.sampled_period = 0  # the period in force at the last sampled check
@@ -320,7 +321,7 @@ class Schedule:
                 self.uncaptured = (self.uncaptured + [overhead])[-8:]
             self.spent += overhead
             LEDGER.spent += overhead
-        self.capturing = False
+        self.last_uncaptured, self.capturing = why != FIRST and not self.capturing, False
         set_period(self)
         # the largest checked (and the floor) moved: the next crossing is further on
         self.crossings.plan(self.calls, values, self.checked_max)
@@ -332,8 +333,7 @@ def set_period(plan: Schedule) -> None:
     pace = plan.pace()
     if plan.budget > 0 and pace:
         plan.period = _power_of_two(plan.overhead() / (checks_share(plan) * pace))
-        warm = plan.uncaptured or plan.warm or [plan.remembered]  # a first check's: cold
-        plan.crossings.floor = floor(lower_median(warm), pace, plan.budget) if warm[0] else 0.0
+    set_floor(plan)
 
 
 def calibrating(plan: Optional[Schedule]) -> bool:
@@ -382,20 +382,6 @@ def crossed(plan: Schedule, n: int, flat: List[Any]) -> bool:
     return False
 
 
-def beyond(plan: Schedule, i: int) -> float:
-    """The value past which integer input ``i`` is checked: its next rung (``crossings``)
-    where it grows (the reader's, once it has decided; before, all it reads; else one whose
-    reads every ``stride`` calls found growing), else ``INTEGER_FACTOR`` times its largest."""
-    follower = plan.integers
-    if follower is not None and i in follower.chosen and not follower.stopped:
-        growing = i in (follower.indices if follower.decided else follower.chosen)
-    else:
-        growing = i in plan.crossings.rates
-    if growing:
-        return plan.crossings.target(i, plan.checked_max)
-    return INTEGER_FACTOR * plan.checked_max.get(i, 0.0)
-
-
 def follow(plan: Schedule, integers: Optional[Integers], magnitudes: Magnitudes) -> None:
     """Set what ``plan``'s graph's inputs are followed with (at its first check)."""
     plan.magnitudes, plan.integers, plan.quiet = magnitudes, integers, 0
@@ -428,6 +414,7 @@ def gate(plan: Schedule) -> None:
             follower.restart()
         follower.every_call = every
     follower.every_call = follower.every_call and bool(follower.indices)
+    set_floor(plan)  # the program's pace, measured over more calls
     plan.magnitudes.followed = frozenset(follower.indices if follower.every_call else ())
 
 
@@ -444,7 +431,8 @@ def charge(plan: Schedule, seconds: float) -> None:
     launch, ``Schedule.checked``)."""
     plan.spent += seconds
     LEDGER.spent += seconds
-    for costs in (plan.overheads, plan.warm):
+    for costs in (plan.overheads, plan.warm) + ((plan.uncaptured,) * plan.last_uncaptured):
         if costs:
             costs[-1] += seconds
+    set_floor(plan)
 
