@@ -312,8 +312,7 @@ class Schedule:
             # every later check deferred (never timed), a period of 8-16 instead of 512.
             self.call_seconds = min(self.call_seconds or call_seconds, call_seconds)
         overhead = max(check_seconds - call_seconds, 0.0)
-        if why in (SHAPE, VALUES):
-            self.owed += 1
+        self.owed += why in (SHAPE, VALUES)  # stands in for a period's sampled check
         self.overheads = (self.overheads + [overhead])[-8:]
         if why != FIRST:
             self.warm = (self.warm + [overhead])[-8:]
