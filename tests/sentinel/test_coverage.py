@@ -236,3 +236,37 @@ def test_a_bug_that_starts_at_a_position_is_found_by_a_quarter_past_that_positio
     g = _loop(torch_venv, bug, inputs, 600, 5, ROCM_AUTOPATCH_VERIFY_BUDGET="0")
     assert g["status"] == "failed" and g["found_because"] == "values", g
     assert 99 <= g["wrong"][0] <= 101 and g["found_at_call"] <= 1.25 * g["wrong"][0], g
+
+
+# A graph of microseconds (about 25 us a call on this CPU) whose position grows by one a call
+# from 16, as benchmarks/cheap_graph_ladder.py runs it: a check costs many of its calls.
+CHEAP = r'''
+import json, torch
+w = torch.randn(64, 64)
+step = torch.compile(lambda x, pos: torch.tanh(x @ w) + pos.to(x.dtype) * 1e-3)
+x, pos = torch.randn(8, 64), torch.zeros(1, dtype=torch.int64)
+for n in range(303):
+    pos.fill_(0 if n < 3 else 13 + n)
+    x = step(x, pos)
+import rocm_autopatch
+(g,) = rocm_autopatch.report().verify["graphs"]
+print(json.dumps(g))
+'''
+
+
+def test_a_graph_whose_check_costs_many_calls_starts_its_ladder_at_the_floor(
+        torch_venv: Venv) -> None:
+    """Positions 16 to 315: with no budget every rung of 1.25x is checked (13); at the
+    default budget the first rung's check sets the floor (a check of this graph costs
+    hundreds of its calls, so the floor is past 315) and no further rung is forced."""
+    rungs = {}
+    for budget in ("0", "0.01"):
+        proc = torch_venv.run(CHEAP, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check",
+                                          "ROCM_AUTOPATCH_VERIFY_BUDGET": budget,
+                                          "ROCM_AUTOPATCH_RUNGS": "off"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        g = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert g["status"] == "passed", g
+        rungs[budget] = (g["checked_because"]["values"], g["values"]["largest_checked"])
+    assert rungs["0"][0] >= 12 and rungs["0"][1] * 1.25 > 315, rungs  # 268: the last rung
+    assert rungs["0.01"][0] <= 2 and rungs["0.01"][1] < 300, rungs
