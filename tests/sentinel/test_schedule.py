@@ -492,6 +492,13 @@ def test_the_reads_stride_answers_to_what_reads_cost_not_to_the_cheapest_one(
     assert schedule.LEDGER.spent / (clock.now - began) <= 0.0025 * 1.2
 
 
+def _follow_a_position(plan: schedule.Schedule) -> None:
+    """``plan`` follows one int64 position (read at every call) in a 4 ms compiled call."""
+    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
+                    magnitudes.Magnitudes([0], (0,)))
+    plan.call_seconds = 4e-3
+
+
 def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> None:
     """A decode loop: the position doubles early (checks the values force), each check
     costs 40 ms beyond a 4 ms call of a 4.4 ms step. The calibrating sampled check is not
@@ -499,9 +506,7 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
     for one period's sampled check (the budget's one check per period: issue 32, the
     sentinel's share at most the budget), decided by call numbers alone."""
     plan = schedule.Schedule(1, 0.01, [])
-    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
-                magnitudes.Magnitudes([0], (0,)))
-    plan.call_seconds = 4e-3
+    _follow_a_position(plan)
     checks = []
     for step in range(1, 100001):
         flat = [torch.tensor([16 + step])]
@@ -545,9 +550,7 @@ def test_the_ladders_rungs_start_where_a_check_fits_a_tenth_of_the_steps_to_the_
     for its ladder. Above that floor, and with no budget, each rung is 1.25 times the one
     before, so a bug from position p is checked by 1.25p."""
     plan = schedule.Schedule(1, budget, [])
-    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
-                    magnitudes.Magnitudes([0], (0,)))
-    plan.call_seconds = 4e-3
+    _follow_a_position(plan)
     rungs = []
     for step in range(1, 2001):
         flat = [torch.tensor([16 + step])]
@@ -1031,9 +1034,8 @@ def test_the_ladders_floor_answers_to_a_check_that_captured_nothing_with_its_ver
     references (paid once; an earlier process's capture-free cost is taken before it), and
     with a deferred verdict's read added when it is read (``charge``)."""
     plan = schedule.Schedule(1, 0.01, [])
-    schedule.follow(plan, integers.followed([torch.zeros(1, dtype=torch.int64)], [0]),
-                    magnitudes.Magnitudes([0], (0,)))
-    plan.call_seconds, plan.remembered = 4e-3, 4e-3  # an earlier process's: floor 44.4
+    _follow_a_position(plan)
+    plan.remembered = 4e-3  # an earlier process's: floor 44.4
     flat = [torch.tensor([20])]
     for _ in range(3):
         plan.due(flat)
