@@ -499,6 +499,23 @@ def _follow_a_position(plan: schedule.Schedule) -> None:
     plan.call_seconds = 4e-3
 
 
+def _decode(plan: schedule.Schedule, clock: Clock, steps: int, overhead: float,
+            step_seconds: float) -> List[Tuple[int, str]]:
+    """``steps`` calls of ``plan``'s graph at positions 17, 18, ...: each check made as it
+    falls due (the 4 ms call and ``overhead`` beyond it), each step ``step_seconds`` of the
+    program. The checks, as (step, why)."""
+    checks = []
+    for step in range(1, steps + 1):
+        flat = [torch.tensor([16 + step])]
+        why = plan.due(flat)
+        if why is not None:
+            checks.append((step, why))
+            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4e-3, 4e-3 + overhead, [])
+            clock.now += overhead
+        clock.now += step_seconds
+    return checks
+
+
 def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> None:
     """A decode loop: the position doubles early (checks the values force), each check
     costs 40 ms beyond a 4 ms call of a 4.4 ms step. The calibrating sampled check is not
@@ -507,15 +524,7 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
     sentinel's share at most the budget), decided by call numbers alone."""
     plan = schedule.Schedule(1, 0.01, [])
     _follow_a_position(plan)
-    checks = []
-    for step in range(1, 100001):
-        flat = [torch.tensor([16 + step])]
-        why = plan.due(flat)
-        if why is not None:
-            checks.append((step, why))
-            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4e-3, 44e-3, [])
-            clock.now += 40e-3
-        clock.now += 4.4e-3
+    checks = _decode(plan, clock, 100000, 40e-3, 4.4e-3)
     forced = [s for s, why in checks if why == schedule.VALUES]
     sampled = [s for s, why in checks if why == schedule.SAMPLED]
     # step 6 (position 22, the first past 1.25 times 17) measures a warm check: 40 ms, ten
@@ -551,16 +560,8 @@ def test_the_ladders_rungs_start_where_a_check_fits_a_tenth_of_the_steps_to_the_
     before, so a bug from position p is checked by 1.25p."""
     plan = schedule.Schedule(1, budget, [])
     _follow_a_position(plan)
-    rungs = []
-    for step in range(1, 2001):
-        flat = [torch.tensor([16 + step])]
-        why = plan.due(flat)
-        if why is not None:
-            if why == schedule.VALUES:
-                rungs.append(16 + step)
-            plan.checked(why, flat, plan.magnitudes.now(flat), True, 4e-3, 4e-3 + overhead, [])
-            clock.now += overhead
-        clock.now += 4e-3
+    rungs = [16 + s for s, why in _decode(plan, clock, 2000, overhead, 4e-3)
+             if why == schedule.VALUES]
     assert rungs[:2] == [22, second_rung]
     assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs[1:], rungs[2:]))
     # the ladder went on to the end (sampled checks, once they begin, move it too)
