@@ -267,6 +267,9 @@ def test_a_graph_whose_check_costs_many_calls_starts_its_ladder_at_the_floor(
         assert proc.returncode == 0, proc.stderr[-3000:]
         g = json.loads(proc.stdout.strip().splitlines()[-1])
         assert g["status"] == "passed", g
-        rungs[budget] = (g["checked_because"]["values"], g["values"]["largest_checked"])
+        rungs[budget] = (g["checked_because"]["values"], g["values"]["largest_checked"],
+                         g["values"]["ladder_floor"])
     assert rungs["0"][0] >= 12 and rungs["0"][1] * 1.25 > 315, rungs  # 268: the last rung
+    assert rungs["0"][2] == 0, rungs  # no budget, no floor
     assert rungs["0.01"][0] <= 2 and rungs["0.01"][1] < 300, rungs
+    assert rungs["0.01"][2] > 1.25 * rungs["0.01"][1], rungs  # the report says why

@@ -24,6 +24,8 @@ def of(plan: Schedule) -> Dict[str, Any]:
         "values": {"largest_checked": largest,
                    # where the ladder started: rungs an earlier process passed (``rungs``)
                    "remembered": dict(plan.crossings.remembered),
+                   # no rung forced below it (``crossings.floor``): 0, none
+                   "ladder_floor": round(plan.crossings.floor, 1),
                    "non_finite_checked": bool(plan.checked_non_finite),
                    "inputs_followed": len(plan.magnitudes.watch) if plan.magnitudes
                    else 0,
