@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Tuple
 
+from rocm_autopatch import settings
 from rocm_autopatch.reporting import document, schema, view
 from rocm_autopatch.sentinel.healing import bisect
 from rocm_autopatch.sentinel.judging import status
@@ -135,7 +136,7 @@ def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "graph": key[0], "where": key[1], "processes": [], "statuses": {},
                 "calls": 0, "calls_checked": 0, "sampled": 0, "shapes_seen": 0,
                 "shapes_checked": 0, "dynamic": False, "largest_checked": None,
-                "remembered": None, "unverified_calls": 0})
+                "remembered": None, "ladder_floor": 0.0, "unverified_calls": 0})
             slot["processes"].append(view.label(report))
             state = str(g.get("status", "?"))
             slot["statuses"][state] = slot["statuses"].get(state, 0) + 1
@@ -154,6 +155,9 @@ def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             largest = values.get("largest_checked")
             if isinstance(largest, (int, float)):
                 slot["largest_checked"] = max(largest, slot["largest_checked"] or 0.0)
+            floor = values.get("ladder_floor")  # ranks may round to different powers
+            if isinstance(floor, (int, float)) and not isinstance(floor, bool):
+                slot["ladder_floor"] = max(float(floor), slot["ladder_floor"])
             remembered = values.get("remembered")  # rungs an earlier process passed
             if isinstance(remembered, dict) and remembered and not slot["remembered"]:
                 slot["remembered"] = {str(k): v for k, v in remembered.items()
@@ -208,6 +212,10 @@ def lines(job: Dict[str, Any]) -> List[str]:
             if c.get("remembered"):  # where ``sentinel.scheduling.rungs`` started its ladder
                 out.append("      started where an earlier process's checks passed: " + ", ".join(
                     f"{name} at {v:,.0f}" for name, v in c["remembered"].items()))
+            if c.get("ladder_floor"):  # ``sentinel.scheduling.crossings.floor``
+                out.append(f"      no rung checked below {c['ladder_floor']:,.0f} (a check "
+                           "there costs more than the budget allows; "
+                           f"{settings.VERIFY_BUDGET}=0 checks every rung)")
             out.append(Verbatim(f"      {c['where']}"))
         if len(job["coverage"]) > COVERAGE_LINES:
             out.append(f"  ... {len(job['coverage']) - COVERAGE_LINES} more graphs "

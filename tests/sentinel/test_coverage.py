@@ -255,15 +255,17 @@ print(json.dumps(g))
 
 
 def test_a_graph_whose_check_costs_many_calls_starts_its_ladder_at_the_floor(
-        torch_venv: Venv) -> None:
+        torch_venv: Venv, tmp_path: Path) -> None:
     """Positions 16 to 315: with no budget every rung of 1.25x is checked (13); at the
     default budget the first rung's check sets the floor (a check of this graph costs
     hundreds of its calls, so the floor is past 315) and no further rung is forced."""
     rungs = {}
     for budget in ("0", "0.01"):
+        report = tmp_path / f"{budget}.json"
         proc = torch_venv.run(CHEAP, env={**FORCE, "ROCM_AUTOPATCH_VERIFY": "check",
                                           "ROCM_AUTOPATCH_VERIFY_BUDGET": budget,
-                                          "ROCM_AUTOPATCH_RUNGS": "off"})
+                                          "ROCM_AUTOPATCH_RUNGS": "off",
+                                          "ROCM_AUTOPATCH_REPORT": str(report)})
         assert proc.returncode == 0, proc.stderr[-3000:]
         g = json.loads(proc.stdout.strip().splitlines()[-1])
         assert g["status"] == "passed", g
@@ -273,3 +275,11 @@ def test_a_graph_whose_check_costs_many_calls_starts_its_ladder_at_the_floor(
     assert rungs["0"][2] == 0, rungs  # no budget, no floor
     assert rungs["0.01"][0] <= 2 and rungs["0.01"][1] < 300, rungs
     assert rungs["0.01"][2] > 1.25 * rungs["0.01"][1], rungs  # the report says why
+    # and the job view says it in words, where there is a floor
+    for budget, floor in (("0", None), ("0.01", rungs["0.01"][2])):
+        view = subprocess.run([str(torch_venv.path / "bin" / "rocm-autopatch"), "doctor",
+                               "--report", str(tmp_path / f"{budget}.json")], capture_output=True,
+                              text=True, env=clean_env(), timeout=120).stdout
+        assert "Numerics coverage" in view, view
+        assert (f"no rung checked below {floor:,.0f} (a check there costs more than the "
+                in " ".join(view.split()) if floor else "no rung checked below" not in view), view
