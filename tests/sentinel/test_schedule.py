@@ -528,13 +528,13 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
     forced = [s for s, why in checks if why == schedule.VALUES]
     sampled = [s for s, why in checks if why == schedule.SAMPLED]
     # step 6 (position 22, the first past 1.25 times 17) measures a warm check: 40 ms, ten
-    # steps' time. So no rung is forced below the floor, where a check takes a tenth of the
-    # budget of the steps to the next rung (position 0.04 / (0.25 * 10 * 0.01 * 4 ms) = 400,
-    # the pace then the call's 4 ms, raised to 1.25^27 = 413.6): then each the first past
-    # 1.25 times the position checked before, until sampled checks (which move the largest
-    # checked too) begin
+    # steps' time. So no rung is forced below the floor, where a check takes two fifths of
+    # the steps to the next rung (position 0.04 / (0.25 * 40 * 0.01 * 4 ms) = 100, the pace
+    # then the call's 4 ms, raised to 1.25^21 = 108.4): then each the first past 1.25 times
+    # the position checked before, until sampled checks (which move the largest checked
+    # too) begin
     rungs = [16 + s for s in forced]
-    assert rungs[:2] == [22, 414] and len(forced) >= 20
+    assert rungs[:2] == [22, 109] and len(forced) >= 20
     assert all(b == int(1.25 * a) + 1 for a, b in zip(rungs[1:], rungs[2:]))
     assert schedule.CALIBRATE_AFTER + 1 not in sampled  # a values check measured one first
     # 0.75% of 4.4 ms per step allows a 40 ms check every ~1,212 steps (period 2,048)
@@ -546,14 +546,14 @@ def test_a_decode_loops_forced_checks_count_against_the_budget(clock: Clock) -> 
 
 
 @pytest.mark.parametrize("budget, overhead, second_rung", [
-    (0.01, 4e-3, 45),  # a check about one step's time (a decode step on a GPU): floor 40,
-    # raised to 1.25^17 = 44.4
-    (0.01, 0.4e-3, 28),  # a tenth of a step: floor 4, every rung from the first
+    (0.01, 40e-3, 109),  # ten steps' time: floor 100, raised to 1.25^21 = 108.4
+    (0.01, 12e-3, 36),  # three steps' time: floor 30, raised to 1.25^16 = 35.5
+    (0.01, 4e-3, 28),  # one step (a decode step on a GPU): floor 10, every rung from the first
     (0.0, 40e-3, 28),  # no budget: every rung, whatever a check costs
 ])
-def test_the_ladders_rungs_start_where_a_check_fits_a_tenth_of_the_steps_to_the_next(
+def test_the_ladders_rungs_start_where_a_check_fits_two_fifths_of_the_steps_to_the_next(
         clock: Clock, budget: float, overhead: float, second_rung: int) -> None:
-    """No rung is forced below the position where a check would take more than ten times
+    """No rung is forced below the position where a check would take more than 40 times
     the budget of the program's time until the next rung (a quarter of the position, in
     steps): a graph whose check costs many of its calls does not pay most of a short run
     for its ladder. Above that floor, and with no budget, each rung is 1.25 times the one
@@ -1019,12 +1019,12 @@ def test_a_check_whose_reference_fails_is_still_the_sentinels_cost(
 
 
 def test_the_ladders_floor_is_a_rung_of_its_own_so_ranks_whose_costs_are_close_agree() -> None:
-    """The floor is raised to a power of ``LADDER``: two ranks whose checks cost 4.0 and 4.3
-    ms at the same pace choose the same floor (the rungs they force are then the same);
-    no budget, no cost or no pace: no floor."""
+    """The floor is raised to a power of ``LADDER``: two ranks whose checks cost 16 and 17.2
+    ms at the same pace (4 ms a call) choose the same floor (the rungs they force are then
+    the same); no budget, no cost or no pace: no floor."""
     rung = crossings.LADDER ** 17  # 44.4, the first power at or above 40
-    assert crossings.floor(4.0e-3, 4e-3, 0.01) == crossings.floor(4.3e-3, 4e-3, 0.01) == rung
-    assert crossings.floor(4.5e-3, 4e-3, 0.01) == crossings.LADDER ** 18  # 45 > 44.4
+    assert crossings.floor(16e-3, 4e-3, 0.01) == crossings.floor(17.2e-3, 4e-3, 0.01) == rung
+    assert crossings.floor(18e-3, 4e-3, 0.01) == crossings.LADDER ** 18  # 45 > 44.4
     assert crossings.floor(4e-3, 4e-3, 0.0) == crossings.floor(0.0, 4e-3, 0.01) == 0.0
     assert crossings.floor(4e-3, 0.0, 0.01) == 0.0
 
@@ -1036,7 +1036,7 @@ def test_the_ladders_floor_answers_to_a_check_that_captured_nothing_with_its_ver
     with a deferred verdict's read added when it is read (``charge``)."""
     plan = schedule.Schedule(1, 0.01, [])
     _follow_a_position(plan)
-    plan.remembered = 4e-3  # an earlier process's: floor 44.4
+    plan.remembered = 16e-3  # an earlier process's: four calls, floor 44.4
     flat = [torch.tensor([20])]
     for _ in range(3):
         plan.due(flat)
@@ -1044,8 +1044,8 @@ def test_the_ladders_floor_answers_to_a_check_that_captured_nothing_with_its_ver
     plan.capturing = True  # this check captures: 200 ms, once
     plan.checked(schedule.VALUES, flat, {0: 20.0}, True, 4e-3, 204e-3, [])
     assert plan.crossings.floor == crossings.LADDER ** 17
-    plan.checked(schedule.VALUES, flat, {0: 20.0}, True, 0.0, 1e-3, [])  # launched: 1 ms
-    assert plan.crossings.floor == crossings.floor(1e-3, plan.pace(), 0.01)
-    schedule.charge(plan, 3e-3)  # its verdict read: 4 ms in all
-    assert plan.uncaptured == [4e-3]
-    assert plan.crossings.floor == crossings.floor(4e-3, plan.pace(), 0.01) > 30
+    plan.checked(schedule.VALUES, flat, {0: 20.0}, True, 0.0, 4e-3, [])  # launched: 4 ms
+    assert plan.crossings.floor == crossings.floor(4e-3, plan.pace(), 0.01)
+    schedule.charge(plan, 12e-3)  # its verdict read: 16 ms in all
+    assert plan.uncaptured == [16e-3]
+    assert plan.crossings.floor == crossings.floor(16e-3, plan.pace(), 0.01) > 30
