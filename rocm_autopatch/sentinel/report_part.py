@@ -14,6 +14,7 @@ from rocm_autopatch.reporting import document, schema, view
 from rocm_autopatch.sentinel.healing import bisect
 from rocm_autopatch.sentinel.judging import status
 from rocm_autopatch.sentinel.runs.graph_record import GraphRecord
+from rocm_autopatch.sentinel.scheduling import crossings
 from rocm_autopatch.text import Verbatim
 
 NAME = "verify"
@@ -158,6 +159,9 @@ def coverage(reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             floor = values.get("ladder_floor")  # ranks may round to different powers
             if isinstance(floor, (int, float)) and not isinstance(floor, bool):
                 slot["ladder_floor"] = max(float(floor), slot["ladder_floor"])
+                budget = g.get("budget")  # a check may cost this share of the time to a rung
+                if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+                    slot["rung_share"] = crossings.LADDER_CEILING * float(budget)
             remembered = values.get("remembered")  # rungs an earlier process passed
             if isinstance(remembered, dict) and remembered and not slot["remembered"]:
                 slot["remembered"] = {str(k): v for k, v in remembered.items()
@@ -213,9 +217,11 @@ def lines(job: Dict[str, Any]) -> List[str]:
                 out.append("      started where an earlier process's checks passed: " + ", ".join(
                     f"{name} at {v:,.0f}" for name, v in c["remembered"].items()))
             if c.get("ladder_floor"):  # ``sentinel.scheduling.crossings.floor``
-                out.append(f"      no rung checked below {c['ladder_floor']:,.0f} (a check "
-                           "there costs more than the budget allows; "
-                           f"{settings.VERIFY_BUDGET}=0 checks every rung)")
+                share = f"{c['rung_share']:.0%}" if c.get("rung_share") else "too much"
+                out.append(f"      no rung forced below {c['ladder_floor']:,.0f} (there a "
+                           f"check costs over {share} of the time to the next rung; the "
+                           "first checks come before it is known; "
+                           f"{settings.VERIFY_BUDGET}=0 forces every rung, samples none)")
             out.append(Verbatim(f"      {c['where']}"))
         if len(job["coverage"]) > COVERAGE_LINES:
             out.append(f"  ... {len(job['coverage']) - COVERAGE_LINES} more graphs "
