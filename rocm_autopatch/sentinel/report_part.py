@@ -217,9 +217,10 @@ def lines(job: Dict[str, Any]) -> List[str]:
                 out.append("      started where an earlier process's checks passed: " + ", ".join(
                     f"{name} at {v:,.0f}" for name, v in c["remembered"].items()))
             if c.get("ladder_floor"):  # ``sentinel.scheduling.crossings.floor``
-                share = f"{c['rung_share']:.0%}" if c.get("rung_share") else "too much"
+                share = (f"over {c['rung_share']:.0%} of" if c.get("rung_share")
+                         else "too much of")
                 out.append(f"      no rung forced below {c['ladder_floor']:,.0f} (there a "
-                           f"check costs over {share} of the time to the next rung; the "
+                           f"check costs {share} the time to the next rung; the "
                            "first checks come before it is known; "
                            f"{settings.VERIFY_BUDGET}=0 forces every rung, samples none)")
             out.append(Verbatim(f"      {c['where']}"))

@@ -19,15 +19,15 @@ LADDER = 1.25
 # A rung is forced only where the calls until the next one ((LADDER - 1) p of a position
 # growing one a call) take at least this many times what a check costs, over the budget:
 # with the default 1%, where a check costs at most two fifths of the program's time to the
-# next rung, so the floor is 10 times a check's cost in calls. A graph whose check costs
-# one to three of its calls (a decode step's on a GPU, deferred verdict or not) keeps its
-# rungs from position 12-36, while one whose check costs hundreds of its calls (25 us a
-# call on the CPU) does not pay most of a short run for its ladder: 13 forced checks in a
-# 300-call run, the sentinel's share 53-56% (3.7x the wall time of off), became 1 check and
-# 1.5x (BENCHMARKS.md, "A graph of microseconds"). A tenth (10), tried first, cost an H100's
-# 8-layer decode loop its rungs below 70-109, and bugs from position 40 were found at 72
-# and 87, not by 50. A bug from below the floor is checked when a generation passes the
-# floor, not by 1.25p; where none does, only by the sampled checks.
+# next rung, so the floor is 10 times a check's cost in calls. A graph whose check costs one
+# to three of its calls (a decode step's on a GPU, deferred verdict or not) keeps its rungs
+# from position 12-36, while one whose check costs tens of its calls (about 40 for a graph
+# of 25 us a call on the CPU) does not pay most of a short run for its ladder: 13 forced
+# checks in a 300-call run, the sentinel's share 53-56% (3.7x the wall time of off), became
+# 1 check and 1.5x (BENCHMARKS.md, "A graph of microseconds"). A tenth (10), tried first,
+# cost an H100's 8-layer decode loop its rungs below 70-109, and bugs from position 40 were
+# found at 72 and 87, not by 50. A bug from below the floor is checked when a generation
+# passes the floor, not by 1.25p; where none does, only by the sampled checks.
 LADDER_CEILING = 40.0
 # Integer inputs that do not grow (token ids, labels: up and down from call to call) are
 # checked past twice the largest checked, as all integers were before the ladder; their
