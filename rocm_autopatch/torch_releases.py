@@ -205,3 +205,21 @@ def compile_id() -> str:
         return str(found) if found is not None else ""
     except Exception:  # noqa: BLE001 - older layouts: no id
         return ""
+
+
+# ---- Dynamo's disable() wrapper ----------------------------------------------------------
+
+def inside_disable(fn: Any) -> Optional[Tuple[Callable[..., Any], Callable[[], Any]]]:
+    """Where ``fn`` is a ``torch._dynamo.disable`` wrapper (``_torchdynamo_disable``; the
+    function it wraps in ``_torchdynamo_orig_callable``: ``DisableContext`` in
+    torch/_dynamo/eval_frame.py) and this torch can say which frame callback Dynamo has
+    set on this thread (``torch._C._dynamo.eval_frame.get_eval_frame_callback``): (the
+    wrapped function, that reader). Where the callback is None, Dynamo evaluates no frame
+    and the wrapper's work is undone on its way out, so the wrapped function may be called
+    directly. Else None."""
+    inner = getattr(fn, "_torchdynamo_orig_callable", None)
+    if getattr(fn, "_torchdynamo_disable", False) is not True or not callable(inner):
+        return None
+    frames = sys.modules.get("torch._C._dynamo.eval_frame")
+    reader = getattr(frames, "get_eval_frame_callback", None)
+    return (inner, reader) if callable(reader) else None

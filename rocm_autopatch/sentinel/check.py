@@ -242,10 +242,57 @@ def undecided(check: Check, why: Exception) -> None:
                            numerics.leaves(check.res))
 
 
+# A quiet call's wrapper is timed at one quiet call in this many (counted apart: the calls
+# just after a read are busy, so a call number would pick the same kind of call every time)
+# and charged for all of them. Its two clock reads and the ledger's bookkeeping at every
+# call were about 4 us of the 24 the wrapper cost a call inside a real decode loop on the
+# CPU (BENCHMARKS.md, "The wrapper's quiet path").
+QUIET_TIMED = 16
+
+
 def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """One call of ``graph``: run compiled, or checked where the schedule says it is due.
     Never checked inside graph capture (nothing may synchronise there), on fake tensors
-    (a compiler's propagation), inside another check, or while another thread checks it."""
+    (a compiler's propagation), inside another check, or while another thread checks it.
+    A quiet call (nothing due but counting, ``scheduling.quiet``: most calls of a decode
+    loop) takes the fewest steps that keep those rules: inside a program's loop each costs
+    about a microsecond, its caches cold from the program's own work."""
+    plan = graph.schedule
+    n = plan.calls + 1
+    began = time.perf_counter() if plan.quiet_calls % QUIET_TIMED == 0 else 0.0
+    if (n < plan.quiet and not kwargs and graph.pending is None and not graph.confirm
+            and graph.fast is None and capture.none_open() and not getattr(busy, "checking", False)
+            and not numerics.fake_call(args) and graph.matches(args)
+            and graph.lock.acquire(blocking=False)):
+        try:  # under the lock, as counted: another thread may have counted meanwhile
+            quiet = (n == plan.calls + 1 and n < plan.quiet and graph.pending is None
+                     and not graph.confirm)
+            if quiet:
+                plan.calls = graph.entry["calls"] = n
+                plan.quiet_calls += 1
+                if began:
+                    wrapped(plan, began, schedule.LEDGER.spent, QUIET_TIMED)
+        finally:
+            graph.lock.release()
+        if quiet:
+            return compiled_call(graph, args)
+    return watched(graph, args, kwargs)
+
+
+def compiled_call(graph: Graph, args: Tuple[Any, ...]) -> Any:
+    """``graph``'s compiled call, past Dynamo's disable() wrapper where that wrapper would
+    change nothing: Dynamo evaluates no frame on this thread (its callback None: this call
+    came through the disable() that Dynamo put around ours, or from no compiled frame).
+    Passing it cost 8.7 us a call inside a decode loop on the CPU (``graph.bare``)."""
+    bare = graph.bare
+    if bare is not None and bare[1]() is None:
+        return bare[0](*args)
+    return graph.compiled(*args)
+
+
+def watched(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """A call that is not quiet, or that may be inside a capture the count does not see
+    (``call``)."""
     began, spent = time.perf_counter(), schedule.LEDGER.spent
     # Whether the stream captures is known before anything else, the quiet calls included:
     # a call made inside the program's capture is never counted, so every rank and every
@@ -274,7 +321,7 @@ def call(graph: Graph, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
             plan.calls += 1  # nothing due but counting (``scheduling.quiet``)
             graph.entry["calls"] = plan.calls
             wrapped(plan, began, spent)
-            return graph.compiled(*args)
+            return compiled_call(graph, args)
         if elsewhere(counted):
             return graph.compiled(*args)
         return scheduled(graph, args, began, spent)
@@ -305,7 +352,7 @@ def scheduled(graph: Graph, args: Tuple[Any, ...], began: float, spent: float) -
         graph.note(**coverage.of(plan))
     wrapped(plan, began, spent)
     if why is None:
-        res = graph.compiled(*args)
+        res = compiled_call(graph, args)
         if plan.dynamic and large_output_is_new(graph, res) and graph.pending is None:
             return timed(graph, args, flat, boxed, schedule.SHAPE, res)
         return res
@@ -324,12 +371,13 @@ def elsewhere(counted: bool) -> bool:
     return counted and capture.capturing(torch)
 
 
-def wrapped(plan: schedule.Schedule, began: float, spent: float) -> None:
+def wrapped(plan: schedule.Schedule, began: float, spent: float, calls: int = 1) -> None:
     """Count in the ledger, and in ``plan``'s own (its checks answer to it:
     ``schedule.checks_share``), what the wrapper took of a call since ``began`` beyond what
-    the ledger counted meanwhile (``spent`` then: the reads ``due`` made count themselves)."""
+    the ledger counted meanwhile (``spent`` then: the reads ``due`` made count themselves),
+    for ``calls`` calls (a quiet call timed stands for those not timed)."""
     ledger = schedule.LEDGER
-    seconds = max(time.perf_counter() - began - (ledger.spent - spent), 0.0)
+    seconds = calls * max(time.perf_counter() - began - (ledger.spent - spent), 0.0)
     ledger.wrapper += seconds
     if plan.clock is not None:  # the first calls' wrapper is not set against the budget
         plan.wrapper += seconds

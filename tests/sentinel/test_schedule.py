@@ -881,6 +881,76 @@ def test_the_ledger_counts_what_the_wrapper_takes_at_every_call_once(
         (plan.spent + plan.wrapper) / (clock.now - plan.clock), abs=1e-5)
 
 
+def test_a_quiet_call_is_timed_at_one_call_in_sixteen_and_charged_for_all(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the captures counted (none open), a quiet call takes the short way
+    (``check.call``): its wrapper is timed at the 1st, 17th, 33rd... quiet call only, each
+    charged for sixteen, so the ledger holds what the quiet calls cost to within one sample
+    (here, 1 us for the capture count and 3 us for the input count at each); the other
+    calls are timed one by one as before (the count, the inputs read: 9 us)."""
+    from rocm_autopatch.guards import capture
+    from rocm_autopatch.sentinel import check
+    from rocm_autopatch.sentinel.runs.graph import Graph
+
+    graph, x = _watched_step(clock, monkeypatch, ((Graph, "matches", 3e-6),
+                                                  (Graph, "inputs", 5e-6)), 50e-6)
+    monkeypatch.setattr(capture, "none_open", _on_clock(clock, lambda: True, 1e-6))
+    took = []
+    monkeypatch.setattr(check, "watched", lambda g, a, k, inner=check.watched: (
+        took.append(g.schedule.calls + 1), inner(g, a, k))[1])
+    quiet = timed = 0
+    with torch.no_grad():
+        for n in range(1, 801):
+            plan = graph.schedule
+            is_quiet = n < plan.quiet and graph.pending is None and not graph.confirm
+            timed += is_quiet and quiet % check.QUIET_TIMED == 0
+            quiet += is_quiet
+            check.call(graph, (x, torch.tensor([16 + n])), {})
+            clock.now += 4e-3
+    assert 300 < quiet < 800 and len(took) == 800 - quiet and timed > 15
+    ledger = schedule.LEDGER
+    assert ledger.wrapper == pytest.approx(16 * 4e-6 * timed + 9e-6 * len(took))
+    # the quiet calls' charge against what they cost: off by at most one sample
+    assert abs(16 * timed - quiet) * 4e-6 <= 16 * 4e-6
+
+
+def test_a_quiet_call_passes_dynamos_disable_wrapper_only_where_it_would_act(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's compiled forward comes in Dynamo's disable() wrapper, and ours runs inside
+    the one Dynamo puts around it: a quiet call runs the function inside directly where no
+    frame callback is set (``check.compiled_call``); where one is, it goes through the
+    wrapper. The results are the compiled ones either way."""
+    from rocm_autopatch import torch_releases
+    from rocm_autopatch.sentinel import watch
+
+    monkeypatch.setenv("ROCM_AUTOPATCH_VERIFY_DIR", "off")
+    graphs: List[Any] = []
+    wrap = watch.wrap_compile_fx
+    monkeypatch.setattr(watch, "Graph", lambda *a, inner=watch.Graph: (
+        graphs.append(inner(*a)), graphs[-1])[1])
+    import torch._inductor.compile_fx as inductor
+
+    compile_fx = wrap(inductor.compile_fx, "check", 1, 0.01)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a: torch.relu(a * 2 + 1), backend=compile_fx)
+    x = torch.randn(8)
+    fn(x)
+    graph, = graphs
+    assert torch_releases.inside_disable(graph.compiled) is not None  # torch 2.13
+    assert graph.bare is not None and graph.bare[0] is graph.compiled._torchdynamo_orig_callable
+    through = []
+    wrapped = graph.compiled
+    graph.compiled = lambda *a: (through.append(1), wrapped(*a))[1]
+    for _ in range(300):
+        assert torch.equal(fn(x), torch.relu(x * 2 + 1))
+    assert 0 < len(through) < 30  # the checks and the busy calls only
+    through.clear()
+    graph.bare = (graph.bare[0], lambda: object())  # a frame callback set on this thread
+    for _ in range(50):
+        assert torch.equal(fn(x), torch.relu(x * 2 + 1))
+    assert len(through) == 50
+
+
 class _CaptureRig:
     """The decode-like step watched under ``check`` on ``clock``, with STAND-INS for the
     runtime's answer to whether the stream captures (a CPU has no graph capture): the

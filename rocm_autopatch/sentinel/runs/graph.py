@@ -11,7 +11,7 @@ import functools
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from rocm_autopatch import frames, record
+from rocm_autopatch import frames, record, torch_releases
 from rocm_autopatch.sentinel.judging import allowance, choices
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
 from rocm_autopatch.sentinel.runs import graph_record, numerics, reference, replay
@@ -32,6 +32,10 @@ class Graph:
                  checks: int, share: float) -> None:
         self.gm = gm
         self.compiled = compiled
+        # The function inside Dynamo's disable() wrapper of ``compiled`` (torch's wraps the
+        # compiled forward in one), and how to know it may be called directly: our own
+        # wrapper already runs inside the disable() that Dynamo put around it (``check``)
+        self.bare = torch_releases.inside_disable(compiled)
         self.how = how
         self.fast: Any = None  # what every call runs once the graph is settled for good
         self.healed: Optional[Dict[str, Any]] = None  # the remembered fix it compiled with
