@@ -15,8 +15,9 @@ shared): ``this build``; ``REV``, the ``check.call`` of commit ``--against``'s
 ``sentinel/check.py`` (``git show``); ``off``, the compiled call alone (still inside the
 sentinel's outer wrapper, so the difference is ``check.call``'s own). Each check arm's
 generations include its reads and the sampled checks that fall in them, which dominate
-the per-call mean: the paired difference between the two check arms is the figure.
-Prints microseconds a call over ``off`` (the median of the per-round differences) per arm.
+its per-call mean (``us_a_call_over_off``: the median of the per-round differences, noisy
+by several us). The figure: the median time of a quiet call (nothing due: the wrapper and
+the compiled call), each timed alone, against ``off``'s calls (``quiet_call_us_over_off``).
 """
 
 from __future__ import annotations
@@ -48,19 +49,36 @@ spec.loader.exec_module(then)
 arms = {"this build": check.call, "REV": then.call,
         "off": lambda graph, args, kwargs: graph.compiled(*args, **kwargs)}
 times = {k: [] for k in arms}
+quiet = {k: [] for k in arms}  # each quiet call's seconds (nothing due), the compiled call in
+now = None
+def timed(graph, args, kwargs):
+    plan = graph.schedule
+    if plan.calls + 1 >= plan.quiet or graph.pending is not None:
+        return arms[now](graph, args, kwargs)
+    began = time.perf_counter()
+    try:
+        return arms[now](graph, args, kwargs)
+    finally:
+        quiet[now].append(time.perf_counter() - began)
 with torch.no_grad():
     model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                    pad_token_id=0)
     for r in range(rounds):
         for k in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
-            check.call = arms[k]
+            now = k
+            check.call = timed
             began = time.perf_counter()
             model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens,
                            do_sample=False, pad_token_id=0)
             times[k].append(time.perf_counter() - began)
 over = {k: round(1e6 * statistics.median([a - b for a, b in zip(v, times["off"])]) / tokens, 1)
         for k, v in times.items() if k != "off"}
-print(json.dumps({"us_a_call_over_off": over,
+calls = {k: round(1e6 * (statistics.median(v) - statistics.median(quiet["off"])), 2)
+         for k, v in quiet.items() if k != "off"}
+print(json.dumps({"quiet_call_us_over_off": calls,
+                  "quiet_calls_timed": {k: len(v) for k, v in quiet.items()},
+                  "off_quiet_call_us": round(1e6 * statistics.median(quiet["off"]), 1),
+                  "us_a_call_over_off": over,
                   "off_us_a_call": round(1e6 * statistics.median(times["off"]) / tokens, 1),
                   "rounds": rounds, "tokens": tokens}))
 """
@@ -82,8 +100,9 @@ def main() -> None:
         old.flush()
         result = run_arm(CHILD, [str(args.rounds), str(args.tokens), old.name],
                          {"ROCM_AUTOPATCH_VERIFY": "check"}, timeout=3600)
-    if "us_a_call_over_off" in result:
-        result["us_a_call_over_off"][args.against] = result["us_a_call_over_off"].pop("REV")
+    for key in ("us_a_call_over_off", "quiet_call_us_over_off", "quiet_calls_timed"):
+        if key in result:
+            result[key][args.against] = result[key].pop("REV")
     save(args.json, meta(torch, against=args.against), [result])
     print(json.dumps(result))
 
