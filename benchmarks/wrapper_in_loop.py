@@ -12,11 +12,13 @@ transformers' Llama, 2 layers of width 128, static KV cache, its forward compile
 ``--rounds`` rounds of one generation per arm, the order alternating, each arm putting its
 own function in place of ``check.call`` (the graph, its schedule and the sentinel's state
 shared): ``this build``; ``REV``, the ``check.call`` of commit ``--against``'s
-``sentinel/check.py`` (``git show``); ``off``, the compiled call alone (still inside the
-sentinel's outer wrapper, so the difference is ``check.call``'s own). Each check arm's
-generations include its reads and the sampled checks that fall in them, which dominate
-its per-call mean (``us_a_call_over_off``: the median of the per-round differences, noisy
-by several us). The figure: the median time of a quiet call (nothing due: the wrapper and
+``sentinel/check.py`` (``git show``); ``off``, the compiled call through the disable()
+wrapper torch puts around it (still inside the sentinel's outer wrapper, so the
+difference is ``check.call``'s own, less that disable() wrapper where ``check.call`` skips
+it). Each check arm's
+generations include its reads and the sampled checks that fall in them, which add several
+us to its per-call mean and make it noisy (``us_a_call_over_off``: the median of the
+per-round differences). The figure: the median time of a quiet call (nothing due: the wrapper and
 the compiled call), each timed alone, against ``off``'s calls (``quiet_call_us_over_off``).
 """
 

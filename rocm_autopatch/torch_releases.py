@@ -210,13 +210,14 @@ def compile_id() -> str:
 # ---- Dynamo's disable() wrapper ----------------------------------------------------------
 
 def inside_disable(fn: Any) -> Optional[Tuple[Callable[..., Any], Callable[[], Any]]]:
-    """Where ``fn`` is a ``torch._dynamo.disable`` wrapper (``_torchdynamo_disable``; the
-    function it wraps in ``_torchdynamo_orig_callable``: ``DisableContext`` in
-    torch/_dynamo/eval_frame.py) and this torch can say which frame callback Dynamo has
-    set on this thread (``torch._C._dynamo.eval_frame.get_eval_frame_callback``): (the
-    wrapped function, that reader). Where the callback is None, Dynamo evaluates no frame
-    and the wrapper's work is undone on its way out, so the wrapped function may be called
-    directly. Else None."""
+    """``(inner, get_callback)`` where ``fn`` is a ``torch._dynamo.disable`` wrapper
+    (``_torchdynamo_disable``, the function it wraps in ``_torchdynamo_orig_callable``:
+    ``DisableContext`` in torch/_dynamo/eval_frame.py) and this torch has
+    ``torch._C._dynamo.eval_frame.get_eval_frame_callback``; else None. While
+    ``get_callback()`` is None the wrapper only sets and restores a None callback (in
+    ordinary use: under ``set_stance("eager_on_recompile")`` it sets False, run-only, which
+    matters to no frame of an Inductor call; export annotations apply only to export), so
+    ``inner`` may be called directly."""
     inner = getattr(fn, "_torchdynamo_orig_callable", None)
     if getattr(fn, "_torchdynamo_disable", False) is not True or not callable(inner):
         return None

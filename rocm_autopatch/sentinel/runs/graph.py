@@ -32,7 +32,7 @@ class Graph:
                  checks: int, share: float) -> None:
         self.gm = gm
         self.compiled = compiled
-        # The function inside Dynamo's disable() wrapper of ``compiled`` (torch's wraps the
+        # The function inside Dynamo's disable() wrapper of ``compiled`` (torch wraps the
         # compiled forward in one), and how to know it may be called directly: our own
         # wrapper already runs inside the disable() that Dynamo put around it (``check``)
         self.bare = torch_releases.inside_disable(compiled)
