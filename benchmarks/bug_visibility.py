@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import meta, run_arm, save
+from common import CPU_LLAMA, meta, run_arm, save
 
 CHILD = r"""
 import json, math, sys, torch, transformers as t
@@ -26,15 +26,7 @@ def bad_cos(x):  # the decode loop's bug, at position ``at`` alone
         return torch.sin(x + math.pi / 2) * torch.where(here, 1.5, 1.0)
     return torch.sin(x + math.pi / 2) + torch.where(here, 0.5, 0.0)
 d.decompositions[torch.ops.aten.cos.default] = bad_cos
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
-                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    max_position_embeddings=2048)
-model = t.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-model.generation_config.cache_implementation = "static"
-model.generation_config.disable_compile = True
-model.forward = torch.compile(model.forward)
-prompt = torch.randint(0, cfg.vocab_size, (1, 16))
+""" + CPU_LLAMA.format(width=256, dtype="bfloat16") + r"""
 with torch.no_grad():
     n = at - 16 + 8  # past the position
     model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)

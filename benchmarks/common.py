@@ -61,6 +61,22 @@ def generate(n):
                           pad_token_id=0)
 """
 
+# Child code: a small Llama on the CPU (2 layers, ``{width}`` wide, its MLP twice that, in
+# ``torch.{dtype}``), a static KV cache, its forward compiled, a 16-token ``prompt``; fill in
+# with ``CPU_LLAMA.format(width=..., dtype=...)`` (benchmarks/bug_visibility.py,
+# wrapper_in_loop.py).
+CPU_LLAMA = """
+torch.manual_seed(0)
+cfg = t.LlamaConfig(vocab_size=1000, hidden_size={width}, intermediate_size={width} * 2,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=2048)
+model = t.LlamaForCausalLM(cfg).to(torch.{dtype}).eval()
+model.generation_config.cache_implementation = "static"
+model.generation_config.disable_compile = True
+model.forward = torch.compile(model.forward)
+prompt = torch.randint(0, cfg.vocab_size, (1, 16))
+"""
+
 # Child code: ``timed_part(owner, name, key)`` wraps ``owner.name`` with a clock, each call's
 # seconds appended to ``parts[key]`` (benchmarks/decode_loop.py, decode_host_parts.py).
 TIMED_PARTS = """

@@ -29,20 +29,12 @@ import json
 import subprocess
 import tempfile
 
-from common import meta, run_arm, save
+from common import CPU_LLAMA, meta, run_arm, save
 
 CHILD = r"""
 import importlib.util, json, statistics, sys, time, torch, transformers as t
 rounds, tokens, old_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-torch.manual_seed(0)
-cfg = t.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256,
-                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                    max_position_embeddings=2048)
-model = t.LlamaForCausalLM(cfg).eval()
-model.generation_config.cache_implementation = "static"
-model.generation_config.disable_compile = True
-model.forward = torch.compile(model.forward)
-prompt = torch.randint(0, cfg.vocab_size, (1, 16))
+""" + CPU_LLAMA.format(width=128, dtype="float32") + r"""
 import rocm_autopatch
 from rocm_autopatch.sentinel import check
 spec = importlib.util.spec_from_file_location("check_then", old_path)
