@@ -132,6 +132,31 @@ def test_overlapping_views_stay_overlapping_in_the_references_copies() -> None:
     assert torch.equal(buffer, torch.arange(10.0))
 
 
+def test_a_snapshot_groups_by_storage_only_the_inputs_within_a_written_storage() -> None:
+    """A snapshot reads the addresses of the inputs a call does not write (a decode step's
+    weights) and groups by storage only those within a written storage: the same groups,
+    in the same order, as grouping every input by storage."""
+    torch = pytest.importorskip("torch")
+    from rocm_autopatch.sentinel.runs import footprint, snapshot
+
+    cache, other, weight = torch.zeros(40), torch.zeros(8), torch.ones(16)
+    flat = [weight, cache[30:], other, cache[:10], 3, cache[5:25], weight[2:6],
+            cache[40:], torch.zeros(0), cache.view(4, 10)[1:3, 2:5], other[1:]]
+    for written in ({3}, {3, 5}, {5, 1}, {1, 2}, {0}, {8}, set()):
+        mutated = frozenset(written)
+        by_storage: dict = {}
+        for i, x in enumerate(flat):
+            if isinstance(x, torch.Tensor):
+                by_storage.setdefault(footprint.storage_of(x), []).append(i)
+        expected = [members for members in by_storage.values()
+                    if any(i in mutated for i in members)]
+        assert [members for members, _, _ in
+                snapshot.Snapshot(flat, mutated).groups] == expected, written
+    # the weight, the other storage and the int are left out; an empty tensor is kept
+    # (its address reads 0)
+    assert snapshot._sharing(flat, frozenset({3})) == [1, 3, 5, 7, 8, 9]
+
+
 
 def test_soft_capped_bf16_logits_judged_in_the_precision_they_were_computed_in() -> None:
     """Greedy decoding over soft-capped bf16 logits (Gemma-2's tanh(logits / 30) * 30), cast
@@ -486,6 +511,11 @@ def test_a_batch_laid_out_as_one_judged_before_replays_its_captured_work(
         assert rows(errors.statistics(values, 1e-3, captures)) == rows(
             errors.statistics(values, 1e-3))
 
+    copied: list = []  # each replay's copies into the buffers: the dtypes of each list
+    foreach_copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda targets, sources: (
+        copied.append({t.dtype for t in targets + sources}),
+        foreach_copy(targets, sources)))
     captures = errors.Captures(capture, devices=("cpu",))
     for call in range(4):  # one layout, new values at each call (a NaN in the last)
         values = layout(64)
@@ -493,6 +523,8 @@ def test_a_batch_laid_out_as_one_judged_before_replays_its_captured_work(
         judged(values, captures)
         assert len(graphs) == (call >= 1)  # captured at its second batch
     assert len(captures.made) == 1 and graphs[0].replays == 2
+    # one list per dtype (torch's CUDA kernel copies a mixed list one tensor at a time)
+    assert copied == [{torch.bfloat16}, {torch.float64}, {torch.float32}] * 2
     assert graphs[0].read and graphs[0].read <= _held_by(next(iter(captures.made.values())))
     for n in (32, 32, 16, 16):  # two more layouts, twice each: the second is past the cap
         judged(layout(n), captures)

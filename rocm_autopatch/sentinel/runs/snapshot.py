@@ -4,6 +4,7 @@ and put back into the program's own tensors where ``fallback`` gives eager's res
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
@@ -17,6 +18,52 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
 
 
+def _sharing(flat: List[Any], mutated: FrozenSet[int]) -> List[int]:
+    """The tensors among ``flat`` that may share a storage with a written one, in order:
+    the written ones, and each other whose address lies within a written one's storage (a
+    view of that storage always does), to be grouped by storage after. A decode step's
+    inputs are mostly weights: their addresses are read, not their storages (about 1 us a
+    tensor, some 100 tensors a check)."""
+    spans = []
+    for i in mutated:
+        x = flat[i]
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    if not spans:
+        return []
+    starts, ends = _union(spans)
+    found = []
+    for i, x in enumerate(flat):
+        if not isinstance(x, torch.Tensor):
+            continue
+        if i not in mutated:
+            try:  # (an empty tensor's address reads 0 wherever its storage is)
+                at = x.data_ptr() if x.numel() else None
+            except RuntimeError:  # no address to read (no storage): grouped by storage
+                at = None
+            if at is not None:
+                k = bisect.bisect_right(starts, at) - 1
+                if k < 0 or at > ends[k]:
+                    continue
+        found.append(i)
+    return found
+
+
+def _union(spans: List[Tuple[int, int]]) -> Tuple[List[int], List[int]]:
+    """``spans`` (closed address ranges) merged where they overlap: their starts and ends,
+    in order."""
+    starts: List[int] = []
+    ends: List[int] = []
+    for low, high in sorted(spans):
+        if ends and low <= ends[-1]:
+            ends[-1] = max(ends[-1], high)
+        else:
+            starts.append(low)
+            ends.append(high)
+    return starts, ends
+
+
 class Snapshot:
     """The inputs a graph writes, as they were before a call, and every input that shares
     memory with one of them: one copy per storage, so that overlapping views still overlap
@@ -24,9 +71,8 @@ class Snapshot:
 
     def __init__(self, flat: List[Any], mutated: FrozenSet[int]) -> None:
         by_storage: Dict[Any, List[int]] = {}
-        for i, x in enumerate(flat):
-            if isinstance(x, torch.Tensor):
-                by_storage.setdefault(footprint.storage_of(x), []).append(i)
+        for i in _sharing(flat, mutated):
+            by_storage.setdefault(footprint.storage_of(flat[i]), []).append(i)
         self.groups: List[Tuple[List[int], torch.Tensor, Optional[List[Any]]]] = []
         for members in by_storage.values():
             if not any(i in mutated for i in members):
