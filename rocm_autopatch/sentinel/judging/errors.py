@@ -340,15 +340,6 @@ class _Replayed:
         with torch.inference_mode(False):  # buffers a later call may write in any mode
             made = [torch.empty_like(t) for v in values for t in (v.r, v.c, v.truth())]
         self.values = [Value(v.index, *made[3 * k:3 * k + 3]) for k, v in enumerate(values)]
-        # One copy per dtype: torch's CUDA ``_foreach_copy_`` copies a list of one dtype in
-        # one launch and a mixed list one tensor at a time, a dispatch each
-        # (``foreach_tensor_copy_list_kernel_cuda_`` in
-        # aten/src/ATen/native/cuda/ForeachBinaryOpList.cu); a decode step's values mix
-        # bfloat16 and float64, some 50 tensors.
-        by_dtype: Dict[Any, List[int]] = {}
-        for k, t in enumerate(made):
-            by_dtype.setdefault(t.dtype, []).append(k)
-        self.copies = [([made[k] for k in ks], ks) for ks in by_dtype.values()]
         # Everything the graph reads is held here for as long as it may replay: a buffer
         # freed and reused would be read as it is then (on an H200, a device-side assert).
         self.per_value = _per_value(self.values)
@@ -357,8 +348,13 @@ class _Replayed:
 
     def judge(self, values: List[Value]) -> Dict[int, Errors]:
         """``values``' statistics (laid out as the captured ones), by one replay."""
+        targets = [t for v in self.values for t in (v.r, v.c, v.f)]
         sources = [t for v in _ordered(values) for t in (v.r, v.c, v.truth())]
-        for targets, at in self.copies:
-            torch._foreach_copy_(targets, [sources[k] for k in at])
+        # One mixed list, which torch's CUDA kernel copies a tensor at a time, on purpose: a
+        # list per dtype takes its one-launch kernel (0.2 ms less a verdict on an H100), but
+        # the first launch of that kernel in a process loads it (lazy module loading): 12
+        # ms more at the first replay, more than a short process's verdicts save
+        # (BENCHMARKS.md, "A snapshot's storages, and a copy per dtype tried").
+        torch._foreach_copy_(targets, sources)
         self.graph.replay()
         return _errors(self.values, self.rows.tolist(), self.err_c)
