@@ -352,8 +352,8 @@ class _Replayed:
         sources = [t for v in _ordered(values) for t in (v.r, v.c, v.truth())]
         # One mixed list, which torch's CUDA kernel copies a tensor at a time, on purpose: a
         # list per dtype takes its one-launch kernel (0.2 ms less a verdict on an H100), but
-        # the first launch of that kernel in a process loads it (lazy module loading): 12
-        # ms more at the first replay, more than a short process's verdicts save
+        # a process's first replay then took 12 ms more (most likely loading that kernel:
+        # CUDA loads a module at its first use), more than a short process's verdicts save
         # (BENCHMARKS.md, "A snapshot's storages, and a copy per dtype tried").
         torch._foreach_copy_(targets, sources)
         self.graph.replay()
