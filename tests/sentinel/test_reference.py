@@ -267,7 +267,8 @@ def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> 
         flat, pre)[3])
 
     def too_large(x: Any, cache: Any) -> Any:  # 4 TiB: the allocator refuses it
-        return x + torch.empty(x.shape[0] * 2**38)[:4]
+        # (a method of x: torch 2.4's symbolic_trace runs torch.empty on a proxy's size)
+        return x + x.new_empty(x.shape[0] * 2**38)[:4]
 
     # running out of memory says nothing of inference mode: raised, not retried, not flipped
     graph = Graph(torch.fx.symbolic_trace(too_large), too_large, "t/2", "test", "check", 1,
