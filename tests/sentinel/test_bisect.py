@@ -324,6 +324,10 @@ def test_the_pipelining_knob_builds_inductors_rocm_templates_with_one_stage() ->
 
     knob = next(k for k in bisect.KNOBS if k.change == {"kind": "stages1"})
     assert "triton-lang/triton#9815" in knob.ref
+    if not hasattr(inductor_utils, "get_backend_num_stages"):  # torch 2.4: no such heuristic
+        with fixes.applied({"change": knob.change}):  # nothing to change, nothing raised
+            pass
+        pytest.skip("this torch has no get_backend_num_stages (torch 2.4)")
     before = inductor_utils.get_backend_num_stages
     with fixes.applied({"change": knob.change}):
         from torch._inductor.template_heuristics.triton import ROCmConfigHeuristic
@@ -372,7 +376,7 @@ def test_questions_whose_compile_is_the_repros_own_are_answered_without_a_run(
     inductor stage with nothing off, CUDA graphs off (a graph on the CPU) and
     fallback_random=True (a repro's graph has no random op). They are answered "wrong"
     without a run; every other question runs. The bisector's real state files decide."""
-    from torch._inductor import compiler_bisector as cb
+    cb = pytest.importorskip("torch._inductor.compiler_bisector")  # (not in torch 2.4)
 
     from rocm_autopatch.sentinel.healing import bisect
 

@@ -203,9 +203,11 @@ def test_the_key_follows_the_compile_the_graph_and_its_inputs_not_the_process(
 
 @pytest.mark.fast
 def test_no_key_where_kernels_are_tuned_caches_are_off_or_a_pass_cannot_be_named() -> None:
+    from torch._inductor import config
+
     from rocm_autopatch.sentinel.scheduling import rungs
 
-    for name in rungs.TUNED:
+    for name in [n for n in rungs.TUNED if hasattr(config, n)]:  # (2.4 lacks some)
         why: list = []
         assert rungs._compile_part({name: True}, None, why) is None, name
         assert why == [f"none kept: kernels are tuned ({name})"]  # what the record says
