@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from rocm_autopatch import settings, torch_releases
+from rocm_autopatch.config import source_types
 from rocm_autopatch.settings import FALSE_WORDS, NONE_WORDS, OVERRIDE_PREFIX, TRUE_WORDS
 from rocm_autopatch.settings import override_var as var_name
 
@@ -46,13 +47,19 @@ def env_names(keys: List[str]) -> Dict[str, str]:
 
 
 def key_type(module: ModuleType, key: str) -> Any:
+    """The type ``key``'s value is parsed by: what the running torch declares; where it
+    declares none, or only NoneType (a None default, its annotation unseen), what its
+    config's source declares (``source_types``)."""
     found = torch_releases.config_entry(module, key)
     declared = getattr(found, "value_type", None)
-    if declared is not None:
+    if declared is not None and declared is not type(None):
         return declared
-    if hasattr(found, "default"):  # torch with _ConfigEntry but no value_type
-        return type(found.default)
-    return type(getattr(module, key))  # older torch: _config maps key -> value
+    # torch with _ConfigEntry but no value_type (< 2.6), or an older one whose _config
+    # maps key -> value
+    default = found.default if hasattr(found, "default") else getattr(module, key)
+    if default is None:  # torch 2.4: ``cpp.simdlen``; 2.13: keys a subclass inherits
+        return source_types.declared(module, key) or type(None)
+    return declared or type(default)
 
 
 # ``int | None`` (PEP 604, how torch >= 2.10 writes its config types) is a types.UnionType,

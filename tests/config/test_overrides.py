@@ -106,18 +106,78 @@ def test_every_key_typed_with_a_union_accepts_none_and_its_members() -> None:
             assert overrides.parse("text", kind) == "text", key
     declared = any(getattr(torch_releases.config_entry(torch_config, key), "value_type", None)
                    for key in overrides.config_keys(torch_config))
-    # torch 2.13 has 93; a release that declares no types (2.4: read from the defaults) none
-    assert unions > 50 if declared else unions == 0
+    # torch 2.13 has 93; a release that declares no types at run time (2.4) has those of
+    # its None-default keys that its source types (``source_types``): 11 on 2.4.1
+    assert unions > 50 if declared else unions > 5
     assert overrides.parse("1", overrides.key_type(torch_config, "compile_threads")) == 1
 
 
+def test_types_read_from_the_source_are_those_torch_declares() -> None:
+    """Where torch keeps its config's types (>= 2.6, pytorch#139833), the types
+    ``source_types`` reads from the config's source are the same, key by key, except where
+    torch lost one: a key a config class inherits (``class cuda(cutlass)``), typed by its
+    default (NoneType, or ``str`` for a ``Literal`` of strings)."""
+    import typing
+
+    from rocm_autopatch.config import source_types
+
+    entries = torch_releases.config_entries(torch_config) or {}
+    kept = {k: getattr(e, "value_type", None) for k, e in entries.items()}
+    if not any(kept.values()):
+        pytest.skip("this torch keeps no config types at run time (before 2.6)")
+    same, lost = 0, []
+    for key, kind in kept.items():
+        read = source_types.declared(torch_config, key)
+        if read is None:
+            continue
+        if read == kind:
+            same += 1
+        else:
+            plain = {type(a) for a in typing.get_args(read)}
+            assert kind is type(None) or (typing.get_origin(read) is typing.Literal
+                                          and plain == {kind}), (key, read, kind)
+            lost.append(key)
+    assert same > 200 and kept["cpp.simdlen"] == source_types.declared(torch_config,
+                                                                         "cpp.simdlen")
+    # callables and pass objects are not read: no type, the key stays unsettable
+    assert source_types.declared(torch_config, "post_grad_custom_pre_pass") is None
+    for key in lost:  # each lost None-default key now takes a value from the environment
+        if kept[key] is type(None):
+            var = overrides.var_name(key)
+            kind = overrides.key_type(torch_config, key)
+            raw = "4" if int in typing.get_args(kind) else "text"
+            found = overrides.read(torch_config, {var: raw}, warn=lambda k, m: pytest.fail(m))
+            assert found[key][0] == overrides.parse(raw, kind) is not None, key
+
+
 def test_inductor_compile_threads_override_reaches_torch(torch_venv) -> None:
-    """An ``int | None`` key set from the environment, through the installed wheel."""
-    code = ("import json, torch._inductor.config as ic, rocm_autopatch\n"
+    """An ``int | None`` key set from the environment, through the installed wheel; and a
+    None-default key whose type only the config's source has (torch 2.4: ``cpp.simdlen``;
+    2.13: the ``cuda`` keys inherited from ``cutlass``), where this torch has one."""
+    import typing
+
+    from rocm_autopatch.config import source_types
+
+    extra = {}
+    for key in overrides.config_keys(torch_config):
+        entry = torch_releases.config_entry(torch_config, key)
+        untyped = getattr(entry, "value_type", type(None)) is type(None)
+        read = source_types.declared(torch_config, key)
+        if (untyped and getattr(torch_config, key) is None and read is not None
+                and int in typing.get_args(read)):
+            extra = {"key": key, "var": overrides.var_name(key)}
+            break
+    code = ("import json, sys, torch._inductor.config as ic, rocm_autopatch\n"
             "e = next(c for c in rocm_autopatch.report().config\n"
             "         if c.key == 'inductor.compile_threads')\n"
+            "extra = ic.get_config_copy().get(sys.argv[1]) if sys.argv[1] else None\n"
             "print(json.dumps({'value': ic.compile_threads, 'source': e.source,"
-            " 'status': e.status, 'warnings': rocm_autopatch.report().warnings}))")
-    out = torch_venv.json(code, env={"ROCM_AUTOPATCH": "force", "INDUCTOR_COMPILE_THREADS": "1"})
+            " 'extra': extra, 'status': e.status,"
+            " 'warnings': rocm_autopatch.report().warnings}))")
+    env = {"ROCM_AUTOPATCH": "force", "INDUCTOR_COMPILE_THREADS": "1"}
+    if extra:
+        env[extra["var"]] = "4"
+    out = torch_venv.json(code, extra.get("key", ""), env=env)
     assert out["value"] == 1 and out["source"] == "override"
     assert out["status"] in ("applied", "unchanged") and out["warnings"] == []
+    assert out["extra"] == (4 if extra else None)
