@@ -94,6 +94,9 @@ from rocm_autopatch.sentinel.scheduling import integers as _ints, magnitudes as 
 timed_part(_mags.Magnitudes, "measure", "magnitudes_every_stride")
 timed_part(_ints.Integers, "read", "integers_every_call")
 timed_part(schedule, "crossed", "predicted_crossing_reads")
+from rocm_autopatch.sentinel import pending as _pending
+timed_part(_pending, "launch", "check_launch")  # the compiled call included
+timed_part(_pending, "resolve", "verdict_resolve")
 with torch.no_grad():
     for _ in range(1 if not bug_at else 3):  # a bug: three generations of --tokens
         generate(tokens)
@@ -127,7 +130,15 @@ keep = ("graph", "status", "calls", "calls_checked", "checked_because", "period"
 out["graphs"] = [{k: g.get(k) for k in keep} for g in graphs]
 out["check_costs_ms"] = costs
 out["checks"] = checks
-out["ledger_reads"] = {k: [len(v), round(sum(v) * 1e3, 2)] for k, v in parts.items()}
+reads = ("integers_every_call", "magnitudes_every_stride", "predicted_crossing_reads")
+out["ledger_reads"] = {k: [len(v), round(sum(v) * 1e3, 2)] for k, v in parts.items()
+                       if k in reads}
+# each part's spread (ms): a one-time cost (pinned memory, a kernel's first launch) shows as
+# a first read far above the median
+out["parts_ms"] = {k: {"count": len(v), "sum": round(sum(v) * 1e3, 2),
+                       "first": [round(x * 1e3, 3) for x in v[:3]],
+                       "median": round(sorted(v)[len(v) // 2] * 1e3, 3),
+                       "max": round(max(v) * 1e3, 3)} for k, v in parts.items() if v}
 print(json.dumps(out))
 """
 
