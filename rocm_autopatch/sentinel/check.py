@@ -128,6 +128,7 @@ class Check:
         plan = self.graph.schedule
         if plan.magnitudes is None:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
+            plan.magnitudes.warm(self.flat)  # its first read's one-time cost, here
             rungs.recall(self.graph, self.flat, plan.dynamic)  # held tensors too
         need = self.need = footprint.reference_bytes(
             self.analysis.footprint,

@@ -768,6 +768,43 @@ def integers_every_call() -> Dict[str, Any]:
             "stopped": reader.stopped, "oldest_read_calls": lag}
 
 
+def magnitudes_warmed() -> Dict[str, Any]:
+    """issue 43, item 4: the reduction a graph's first check queues for its later reads
+    (``Magnitudes.warm``) synchronises nothing (torch's synchronisation debug mode set to
+    raise), leaves the reader as it was, and the reads after it give what a reader never
+    warmed gives, call by call."""
+    import torch
+
+    from rocm_autopatch.sentinel.scheduling import magnitudes
+
+    x = torch.randn(1, 1, 2048, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([16], device="cuda")
+    ids = torch.zeros((1, 1), dtype=torch.int64, device="cuda")
+    flat = [ids, x, pos]
+    warmed = magnitudes.Magnitudes([0, 1, 2], (0, 2))
+    warmed.followed = frozenset({2})  # the position read at every call (``integers``)
+    cold = magnitudes.Magnitudes([0, 1, 2], (0, 2))
+    cold.followed = warmed.followed
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        warmed.warm(flat)
+        state = [warmed.running is None, warmed.folded, warmed.reading, warmed.host is None]
+        got: Dict[str, Any] = {"warmed": [], "cold": []}
+        for call in range(1, 41):
+            time.sleep(0.002)  # the copies queued before are done: both readers see them
+            pos += 1
+            ids.fill_(call * 7)
+            x.mul_(1.01)
+            for name, reader in (("warmed", warmed), ("cold", cold)):
+                values = reader.measure(flat, call)
+                if values:
+                    got[name].append([reader.ready_from, sorted(values.items())])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return {"state_after_warm": state, "stopped": [warmed.stopped, cold.stopped],
+            "reads": len(got["warmed"]), "same": got["warmed"] == got["cold"]}
+
+
 def capture_fails() -> Dict[str, Any]:
     """A graph whose references cannot be captured (``cholesky`` synchronises: "operation
     not permitted when stream is capturing"), checked at its first three calls: after
@@ -956,6 +993,7 @@ SCENARIOS: Dict[str, tuple] = {
     "reduce_overhead_patched": (reduce_overhead, {"ROCM_AUTOPATCH": "force"}),
     "reduce_overhead_plain": (reduce_overhead, {"ROCM_AUTOPATCH": "0"}),
     "manual_capture": (manual_capture, {"ROCM_AUTOPATCH": "force"}),
+    "magnitudes_warmed": (magnitudes_warmed, {"ROCM_AUTOPATCH": "force"}),
     "recompile_in_capture": (recompile_in_capture, {"ROCM_AUTOPATCH": "force"}),
     "first_call_in_capture": (first_call_in_capture, {"ROCM_AUTOPATCH": "force"}),
     "recompile_in_capture_torch": (recompile_in_capture, {

@@ -199,6 +199,14 @@ def test_small_integer_inputs_are_read_every_call_without_a_synchronisation(
     assert got["oldest_read_calls"] <= 4, got  # none older than the ring of slots
 
 
+def test_the_magnitudes_warm_up_synchronises_nothing_and_changes_no_read(
+        results: dict) -> None:
+    got = results["magnitudes_warmed"]
+    assert got.get("crashed") is None, got  # a synchronisation raises under the debug mode
+    assert got["state_after_warm"] == [True, 0, [], True], got
+    assert got["stopped"] == ["", ""] and got["reads"] >= 5 and got["same"], got
+
+
 def test_the_judges_statistics_replayed_are_those_computed_op_by_op(results: dict) -> None:
     got = results["judge_replayed"]
     assert got.get("crashed") is None and got["failed"] == "", got
