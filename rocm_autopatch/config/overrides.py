@@ -59,7 +59,7 @@ def key_type(module: ModuleType, key: str) -> Any:
     default = found.default if hasattr(found, "default") else getattr(module, key)
     if default is None:  # torch 2.4: ``cpp.simdlen``; 2.13: keys a subclass inherits
         return source_types.declared(module, key) or type(None)
-    return declared or type(default)
+    return type(default)
 
 
 # ``int | None`` (PEP 604, how torch >= 2.10 writes its config types) is a types.UnionType,

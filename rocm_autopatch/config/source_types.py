@@ -53,7 +53,7 @@ def _visit(body: List[ast.stmt], prefix: str, found: Dict[str, Any],
                 found[prefix + node.target.id] = kind
         elif isinstance(node, ast.ClassDef):
             own: Dict[str, Any] = {}
-            for base in node.bases:  # torch >= 2.8: ``class cuda(cutlass)`` inherits keys
+            for base in node.bases:  # torch 2.13: ``class cuda(cutlass)`` inherits keys
                 if isinstance(base, ast.Name) and base.id in classes:
                     own.update(classes[base.id])
             _visit(node.body, "", own, classes)
