@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Dict, Literal, Optional
 
 import pytest
 from hypothesis import given
@@ -112,6 +112,22 @@ def test_every_key_typed_with_a_union_accepts_none_and_its_members() -> None:
     assert overrides.parse("1", overrides.key_type(torch_config, "compile_threads")) == 1
 
 
+def _typed_by_the_source_only() -> Dict[str, Any]:
+    """{key: the type its source declares} for the keys that default to None and that the
+    running torch keeps no type for (2.4: ``cpp.simdlen``; 2.13: the ``cuda`` keys
+    inherited from ``cutlass``)."""
+    from rocm_autopatch.config import source_types
+
+    found = {}
+    for key in overrides.config_keys(torch_config):
+        entry = torch_releases.config_entry(torch_config, key)
+        untyped = getattr(entry, "value_type", type(None)) is type(None)
+        read = source_types.declared(torch_config, key)
+        if untyped and getattr(torch_config, key) is None and read is not None:
+            found[key] = read
+    return found
+
+
 def test_types_read_from_the_source_are_those_torch_declares() -> None:
     """Where torch keeps its config's types (>= 2.6, pytorch#139833), the types
     ``source_types`` reads from the config's source are the same, key by key, except where
@@ -141,13 +157,14 @@ def test_types_read_from_the_source_are_those_torch_declares() -> None:
                                                                          "cpp.simdlen")
     # callables and pass objects are not read: no type, the key stays unsettable
     assert source_types.declared(torch_config, "post_grad_custom_pre_pass") is None
-    for key in lost:  # each lost None-default key now takes a value from the environment
-        if kept[key] is type(None):
-            var = overrides.var_name(key)
-            kind = overrides.key_type(torch_config, key)
-            raw = "4" if int in typing.get_args(kind) else "text"
-            found = overrides.read(torch_config, {var: raw}, warn=lambda k, m: pytest.fail(m))
-            assert found[key][0] == overrides.parse(raw, kind) is not None, key
+    only = _typed_by_the_source_only()
+    assert set(only) == {k for k in lost if kept[k] is type(None)}
+    for key in only:  # each lost None-default key now takes a value from the environment
+        var = overrides.var_name(key)
+        kind = overrides.key_type(torch_config, key)
+        raw = "4" if int in typing.get_args(kind) else "text"
+        found = overrides.read(torch_config, {var: raw}, warn=lambda k, m: pytest.fail(m))
+        assert found[key][0] == overrides.parse(raw, kind) is not None, key
 
 
 def test_inductor_compile_threads_override_reaches_torch(torch_venv) -> None:
@@ -156,17 +173,9 @@ def test_inductor_compile_threads_override_reaches_torch(torch_venv) -> None:
     2.13: the ``cuda`` keys inherited from ``cutlass``), where this torch has one."""
     import typing
 
-    from rocm_autopatch.config import source_types
-
-    extra = {}
-    for key in overrides.config_keys(torch_config):
-        entry = torch_releases.config_entry(torch_config, key)
-        untyped = getattr(entry, "value_type", type(None)) is type(None)
-        read = source_types.declared(torch_config, key)
-        if (untyped and getattr(torch_config, key) is None and read is not None
-                and int in typing.get_args(read)):
-            extra = {"key": key, "var": overrides.var_name(key)}
-            break
+    extra = next(({"key": key, "var": overrides.var_name(key)}
+                  for key, read in _typed_by_the_source_only().items()
+                  if int in typing.get_args(read)), {})
     code = ("import json, sys, torch._inductor.config as ic, rocm_autopatch\n"
             "e = next(c for c in rocm_autopatch.report().config\n"
             "         if c.key == 'inductor.compile_threads')\n"
