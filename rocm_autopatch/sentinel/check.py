@@ -187,7 +187,8 @@ class Check:
         try:
             with numerics.quiet():
                 return compare.references(self.graph, self.flat, self.pre, self.res, sorted(
-                    self.analysis.mutated), self.shape, self.need, tries=not self.grad)
+                    self.analysis.mutated), self.shape, self.need, tries=not self.grad,
+                    later=pending.deferrable(self))
         except compare.Undecided as why:
             return undecided(self, why)
         except Exception as exc:  # noqa: BLE001 - out of memory, no float64 kernel (FP8)...

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.sentinel.judging import choices, errors, judge
-from rocm_autopatch.sentinel.runs import footprint, memory, numerics, reference, replay
+from rocm_autopatch.sentinel.runs import capturing, footprint, memory, numerics, reference
 from rocm_autopatch.sentinel.runs.graph import Graph
 
 # Tied (choice, row) pairs, in the whole graph, up to which every way of taking them is
@@ -32,17 +32,19 @@ class Undecided(Exception):
 
 
 def references(graph: Graph, flat: List[Any], pre: Any, res: Any, mutated: List[int],
-               shape: Any = None, need: int = 0, tries: bool = True
+               shape: Any = None, need: int = 0, tries: bool = True, later: bool = False
                ) -> Tuple[List[Any], int]:
     """Eager and float64 run on the same inputs: what they write goes to copies of the
     state before the call (overlapping views still overlap); what they only read is
     shared, never copied. Where a near tie leaves the verdict undecided, the other ways
     of taking the tie are tried (``branches``), unless ``tries`` is off (a call whose
-    backward is checked: its gradients would follow the other way too)."""
+    backward is checked: its gradients would follow the other way too). ``later``: the
+    graph's next checks may read their verdicts later (``pending``), judged from captures:
+    where this check captured its references, the judge's statistics are captured too."""
     runs = reference_runs(graph, flat, pre, shape, need)
     res, after = numerics.leaves(res), {i: flat[i] for i in mutated}
     try:
-        return judged(graph, runs, pre, res, after)
+        return judged(graph, runs, pre, res, after, expected=later and graph.replays.fresh)
     except Undecided as why:
         if not tries:
             raise
@@ -125,13 +127,14 @@ def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
 
 def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
            after: Dict[int, Any], ties: bool = True, note: bool = True,
-           replayed: bool = False) -> Tuple[List[Any], int]:
+           replayed: bool = False, expected: bool = False) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
     (``after``, by index): (the values it rejects, how many of them are outputs). A value
     that differs where a choice that was a near tie reaches is excused; ``Undecided`` where
     nothing else differs. ``replayed``: the judge's device work for a layout of values seen
-    before is replayed from its capture (a verdict read later, ``pending``)."""
+    before is replayed from its capture (a verdict read later, ``pending``); ``expected``:
+    its layout will be (the shape's references were just captured), captured now."""
     import torch
 
     eager_inputs, inputs64, ref, ref64, kept = runs
@@ -142,13 +145,20 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     written = written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
                                for i in sorted(after)])
     allowed = judge.Allowance(*graph.allowed, *graph.narrowing(sorted(after)))
-    if replayed and graph.judges is None:
+    if (replayed or expected) and graph.judges is None:
         graph.judges = errors.Captures(_captured_judge)
-    verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
-                            res + [w[1] for w in written],
-                            numerics.leaves(ref64) + [w[2] for w in written],
-                            judge.TOL_FORWARD, derived, skip=graph.not_compared,
-                            allowed=allowed, captures=graph.judges if replayed else None)
+    captures = graph.judges if replayed or expected else None
+    if captures is not None:
+        captures.expected = expected
+    try:
+        verdict = judge.compare(numerics.leaves(ref) + [w[0] for w in written],
+                                res + [w[1] for w in written],
+                                numerics.leaves(ref64) + [w[2] for w in written],
+                                judge.TOL_FORWARD, derived, skip=graph.not_compared,
+                                allowed=allowed, captures=captures)
+    finally:
+        if captures is not None:
+            captures.expected = False
     ulps, function = graph.allowed
     bad, undecided = verdict.bad, None
     if bad and graph.choices and ties:
@@ -176,11 +186,11 @@ def _captured_judge(work: Any, device: Any) -> Tuple[Any, Any]:
     import torch
 
     graph = torch.cuda.CUDAGraph()
-    stream, current = replay.capture_stream(device), torch.cuda.current_stream(device)
-    with replay.STREAM_LOCK:
+    stream, current = capturing.capture_stream(device), torch.cuda.current_stream(device)
+    with capturing.STREAM_LOCK:
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
-            out = replay.capture_into(graph, work, device)
+            out = capturing.capture_into(graph, work, device)
         current.wait_stream(stream)
     return graph, out
 

@@ -25,17 +25,23 @@ from rocm_autopatch.sentinel.runs.graph import Graph, busy
 from rocm_autopatch.sentinel.scheduling import coverage, rungs, schedule
 
 
+def deferrable(check: Any) -> bool:
+    """May ``check`` (a ``check.Check``) read its verdict later: under ``check``, with no
+    gradient to check (the backward pass is checked at the call)?"""
+    import torch
+
+    return check.graph.how == "check" and not (check.grad and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in check.flat))
+
+
 def launch(self: Any) -> bool:
     """``self``, a ``check.Check`` at its compiled call. Under ``check``, with no gradient to
     check and this shape's references captured: run the call, launch its references beside
     the program and return (True); the verdict is read at a later call (``settle``). False
     where it is judged at the call."""
-    import torch
-
     graph = self.graph
-    if self.res is not None or graph.how != "check" or graph.confirm or self.grad and any(
-            isinstance(x, torch.Tensor) and x.requires_grad for x in self.flat):
-        return False  # (with gradients, the backward pass is checked at the call)
+    if self.res is not None or graph.confirm or not deferrable(self):
+        return False
     captured = graph.replays.ready(self.shape, self.flat, self.pre)
     if captured is None:
         return False

@@ -13,7 +13,7 @@ from rocm_autopatch import settings
 from rocm_autopatch.reporting import document, schema, view
 from rocm_autopatch.sentinel.healing import bisect
 from rocm_autopatch.sentinel.judging import status
-from rocm_autopatch.sentinel.runs.graph_record import GraphRecord
+from rocm_autopatch.sentinel.judging.graph_record import GraphRecord
 from rocm_autopatch.sentinel.scheduling import crossings
 from rocm_autopatch.text import Verbatim
 

@@ -40,6 +40,7 @@ from rocm_autopatch import frames, log, patching, record, settings, torch_releas
 from rocm_autopatch.guards import compile_frame
 from rocm_autopatch.sentinel import check, pending
 from rocm_autopatch.sentinel.healing import alarm, background, fixes, repro
+from rocm_autopatch.sentinel.judging.graph_record import section
 from rocm_autopatch.sentinel.judging.status import (
     FAILED,
     FELL_BACK,
@@ -51,7 +52,6 @@ from rocm_autopatch.sentinel.judging.status import (
 )
 from rocm_autopatch.sentinel.runs import memory, numerics
 from rocm_autopatch.sentinel.runs.graph import Graph, busy, label
-from rocm_autopatch.sentinel.runs.graph_record import section
 from rocm_autopatch.sentinel.scheduling import rungs
 
 ENV = settings.VERIFY

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from common import llama_child  # noqa: E402  (the benchmarks' TinyLlama, one builder)
@@ -500,11 +500,23 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
     bug = {"on": False}
 
     inductor_config.post_grad_custom_post_pass = functools.partial(_cos_wrong_from_12, bug)
+    from rocm_autopatch.sentinel.judging import errors
+
+    at = {"call": -1}  # the loop's call when the judge's statistics are captured
+    captured_at: list = []
+    made = errors._Replayed.__init__
+
+    def spied(self: Any, *args: Any) -> None:
+        captured_at.append(at["call"])
+        made(self, *args)
+
+    errors._Replayed.__init__ = spied
     results: Dict[str, Any] = {}
     labels = ("healthy", "written", "refilled", "wrong") if how == "check" else ("healthy",)
     for label in labels:
         torch._dynamo.reset()
         bug["on"] = label == "wrong"
+        captured_at.clear()
         f = torch.compile(step)
         cache = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
         draws = torch.Generator(device="cuda").manual_seed(1)
@@ -515,7 +527,7 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
                 x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16, generator=draws)
                 if label == "refilled":
                     x = static.copy_(x)
-                start = time.perf_counter()
+                start, at["call"] = time.perf_counter(), i
                 out = f(x, cache, torch.tensor([i], device="cuda"))
                 host.append(round((time.perf_counter() - start) * 1e3, 3))
                 if label == "written" and i == 9:
@@ -527,6 +539,7 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
         g = rocm_autopatch.report().verify["graphs"][-1]
         results[label] = {"calls_checked_before_the_last_verdict": unread,
             "outputs": _digest(t for o in outs for t in o), "host_ms": host,
+            "judge_captured_at": captured_at[:],
             **{k: g[k] for k in ("status", "found_at_call", "calls_checked",
                                  "checks_read_later", "checks_skipped", "skipped_reason",
                                  "references")}}
@@ -864,7 +877,7 @@ def capture_fails_memory() -> Dict[str, Any]:
     ``capture_fails``' program with a 2,048-wide matrix: what it keeps with the sentinel."""
     import torch
 
-    from rocm_autopatch.sentinel.runs import replay
+    from rocm_autopatch.sentinel.runs import capturing
 
     device = torch.device("cuda", 0)
     stream = torch.cuda.Stream()
@@ -886,12 +899,12 @@ def capture_fails_memory() -> Dict[str, Any]:
                 graph.capture_end()
             except RuntimeError:
                 pass
-            replay._close_rng_capture(device)  # the generator, as the sentinel did already
+            capturing._close_rng_capture(device)  # the generator, as the sentinel did already
 
     def fixed() -> None:
         with torch.cuda.stream(stream):
             try:
-                replay.capture_into(torch.cuda.CUDAGraph(), synchronising, device)
+                capturing.capture_into(torch.cuda.CUDAGraph(), synchronising, device)
             except RuntimeError:
                 pass
 
@@ -1031,9 +1044,12 @@ SCENARIOS: Dict[str, tuple] = {
 }
 
 
-def run_all() -> Dict[str, Any]:
+def run_all(only: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Every scenario (or those named in ``only``), each in a process of its own."""
     results: Dict[str, Any] = {}
     for name, (_, env) in SCENARIOS.items():
+        if only is not None and name not in only:
+            continue
         start = time.time()
         proc = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True,
                               env={**os.environ, **env}, timeout=500)
@@ -1051,6 +1067,11 @@ def run_all() -> Dict[str, Any]:
 
 
 def main() -> None:
+    """``gpu_checks.py``: every scenario; ``gpu_checks.py NAME``: one, in this process;
+    ``gpu_checks.py --only A,B``: those, each in its own (a lent GPU's time is short)."""
+    if len(sys.argv) > 2 and sys.argv[1] == "--only":
+        print(json.dumps(run_all(sys.argv[2].split(","))))
+        return
     if len(sys.argv) > 1:
         func: Callable[[], Dict[str, Any]] = SCENARIOS[sys.argv[1]][0]
         print(json.dumps(func()))

@@ -106,6 +106,7 @@ def test_references_are_replayed_as_a_device_graph_and_still_catch_a_bug(
     healthy, wrong = got["healthy"], got["wrong"]
     hows = [c["how"] for c in healthy["checks"]]
     assert hows[0].startswith("run op by op") and hows[-1].startswith("replayed")
+    assert "its first replay judged" in hows[0]  # the first check's verdict is a replay's
     # the weight that moved: run op by op, captured again at the next check, replayed
     assert "moved" in hows[8] and "captured" in hows[9] and hows[10].startswith("replayed")
     assert sum(h.startswith("replayed") for h in hows) >= 13
@@ -142,6 +143,9 @@ def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: d
     # at a later call (the last one when the loop is over: at exit)
     assert healthy["status"] == "passed" and healthy["calls_checked"] == 16, healthy
     assert healthy["calls_checked_before_the_last_verdict"] == 15
+    # the judge's statistics captured at the first check (left out of the budget), with
+    # the references; every deferred verdict replays them
+    assert healthy["judge_captured_at"] == [0] == refilled["judge_captured_at"], healthy
     assert healthy["checks_read_later"] == 15, healthy
     assert fallback["status"] == "passed" and fallback["checks_read_later"] == 0
     # the program's numbers are the same as where every check is judged at the call

@@ -473,13 +473,14 @@ def _held_by(replayed: Any) -> set:
 def test_a_batch_laid_out_as_one_judged_before_replays_its_captured_work(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The judge's device work (some 60 small ops a batch: 1.7-1.9 ms of a deferred
-    verdict's 3 ms on an H200) is captured for a layout of values at its second batch and
-    replayed after: the values copied into the capture's own buffers give the statistics
-    an op-by-op batch gives, call after call, and everything the capture reads stays held
-    (a freed buffer read by a replay failed a device-side assert on an H200); two layouts a
-    graph, as many elements in the process as ``CAPTURED_NUMEL_ALL`` (given back with the
-    captures); the first capture or replay that fails ends them, judged op by op after.
-    The capture itself on a GPU: ``tests/gpu/gpu_checks.py judge_replayed``."""
+    verdict's 3 ms on an H200) is captured for a layout of values at its second batch (at
+    its first where the caller expects it again) and replayed after: the values copied
+    into the capture's own buffers give the statistics an op-by-op batch gives, call after
+    call, and everything the capture reads stays held (a freed buffer read by a replay
+    failed a device-side assert on an H200); two layouts a graph, as many elements in the
+    process as ``CAPTURED_NUMEL_ALL`` (given back with the captures); the first capture or
+    replay that fails ends them, judged op by op after. The capture itself on a GPU:
+    ``tests/gpu/gpu_checks.py judge_replayed``."""
     import torch
 
     from rocm_autopatch.sentinel.judging import errors
@@ -544,6 +545,24 @@ def test_a_batch_laid_out_as_one_judged_before_replays_its_captured_work(
     for n in (64, 64, 32, 32, 64):
         judged(layout(n), broken)
     assert len(tries) == 1 and not broken.made and "not permitted" in broken.why
+    assert errors._HELD["numel"] == 0
+
+    # A layout expected to be judged again (its shape's references were just captured, at
+    # a first check the budget leaves out): captured at its first batch, while none is
+    # captured; another expected layout waits for its second batch, as any does.
+    graphs.clear()
+    expected = errors.Captures(capture, devices=("cpu",))
+    expected.expected = True
+    judged(layout(48), expected)
+    assert len(expected.made) == 1 and len(graphs) == 1 and not graphs[0].replays
+    judged(layout(24), expected)
+    assert len(expected.made) == 1 and len(graphs) == 1
+    expected.expected = False
+    judged(layout(48), expected)
+    assert graphs[0].replays == 1  # its next batch replayed
+    del expected
+    graphs.clear()
+    gc.collect()
     assert errors._HELD["numel"] == 0
 
     monkeypatch.setattr(errors, "CAPTURED_NUMEL_ALL", 80 + 7 + 5)

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from conftest import dynamo_graph  # noqa: E402
 
-from rocm_autopatch.sentinel.runs import reference, replay, snapshot  # noqa: E402
+from rocm_autopatch.sentinel.runs import capturing, reference, replay, snapshot  # noqa: E402
 
 
 def test_ops_whose_outputs_depend_on_data_are_never_captured() -> None:
@@ -201,7 +201,7 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
             calls.append(("end",))
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", StandIn)
-    replay._close_rng_capture("cpu")
+    capturing._close_rng_capture("cpu")
     assert calls == [("begin", "thread_local"), ("end",)]
 
     class Unclosable(StandIn):  # even the capture that would release it fails
@@ -217,7 +217,7 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("free", i, p)))
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Unclosable)
     before = list(record.REPORT.warnings)
-    replay._after_failed_capture("cpu", (0, 10))  # nothing raised
+    capturing._after_failed_capture("cpu", (0, 10))  # nothing raised
     said = [w for w in record.REPORT.warnings if w not in before]
     assert len(said) <= 1 and all("random ops may raise on this GPU" in w for w in said)
     assert any("random ops may raise on this GPU" in w for w in record.REPORT.warnings)
@@ -236,21 +236,21 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     pools = iter([(0, 11), (0, 12), (0, 13)])
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(pools))
     closed: list = []
-    monkeypatch.setattr(replay, "_close_rng_capture", closed.append)
+    monkeypatch.setattr(capturing, "_close_rng_capture", closed.append)
 
     def synchronises() -> None:
         raise RuntimeError("operation not permitted when stream is capturing")
 
     calls.clear()
     with pytest.raises(RuntimeError, match="not permitted"):  # the op's own error is kept
-        replay.capture_into(Invalidated(), synchronises, "cuda:0")
+        capturing.capture_into(Invalidated(), synchronises, "cuda:0")
     assert calls == [("begin", (0, 11), "thread_local"), ("route back", 0, (0, 11)),
                      ("free", 0, (0, 11))]
     with pytest.raises(RuntimeError, match="previous error"):
-        replay.capture_into(Invalidated(), lambda: 1, "cuda:1")
+        capturing.capture_into(Invalidated(), lambda: 1, "cuda:1")
     assert closed == ["cuda:0", "cuda:1"] and calls[-1] == ("free", 1, (0, 12))
     calls.clear()
-    assert replay.capture_into(Pooled(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
+    assert capturing.capture_into(Pooled(), lambda: 2, "cuda:2") == 2 and len(closed) == 2
     assert calls == [("begin", (0, 13), "thread_local"), ("end",)]  # reset releases it
 
     def unreleasable(i: int, p: object) -> None:
@@ -259,7 +259,7 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     monkeypatch.setattr(torch._C, "_cuda_releasePool", unreleasable)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 14))
     with pytest.raises(RuntimeError, match="previous error"):  # said once, never raised
-        replay.capture_into(Invalidated(), lambda: 1, "cuda:0")
+        capturing.capture_into(Invalidated(), lambda: 1, "cuda:0")
     assert any("memory pool could not be released" in w and "stays reserved" in w
                for w in record.REPORT.warnings)
 
@@ -270,5 +270,5 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("free", p)))
     calls.clear()
     with pytest.raises(RuntimeError, match="previous error"):  # reset releases it: not twice
-        replay.capture_into(Invalidated(), lambda: 1, "cuda:0")
+        capturing.capture_into(Invalidated(), lambda: 1, "cuda:0")
     assert calls == [("begin", (0, 14), "thread_local")]

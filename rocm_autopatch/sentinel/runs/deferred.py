@@ -40,7 +40,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional
 
 import torch
 
-from rocm_autopatch.sentinel.runs import numerics, replay
+from rocm_autopatch.sentinel.runs import capturing, numerics
 
 # The copies a deferred check holds (outputs, written inputs): at most this share of the
 # device's memory; past it the check is judged at the call.
@@ -61,7 +61,7 @@ class Later:
         self.captured = captured
         self.device = device
         self.stream = torch.cuda.current_stream(device)
-        self.side = replay.capture_stream(device)
+        self.side = capturing.capture_stream(device)
         self.done = torch.cuda.Event()
         self.runs: Any = None
         self.outputs: List[Any] = []
@@ -84,7 +84,7 @@ class Later:
         self.captured.take(flat)  # ids, positions: copied before the program moves on
         ready = torch.cuda.Event()
         ready.record(self.stream)
-        with replay.STREAM_LOCK:
+        with capturing.STREAM_LOCK:
             self.side.wait_event(ready)
             with torch.cuda.stream(self.side):
                 self.runs = self.captured.run(pre)
@@ -113,7 +113,7 @@ class Later:
     def judging(self) -> Iterator[None]:
         """Where the judge runs: on the sentinel's stream, whose work is done (its reads of
         the statistics wait for nothing of the program's), no other thread's work beside."""
-        with replay.STREAM_LOCK, torch.cuda.stream(self.side):
+        with capturing.STREAM_LOCK, torch.cuda.stream(self.side):
             yield
 
     def release(self) -> None:

@@ -12,9 +12,9 @@ import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from rocm_autopatch import frames, record, torch_releases
-from rocm_autopatch.sentinel.judging import allowance, choices
+from rocm_autopatch.sentinel.judging import allowance, choices, graph_record
 from rocm_autopatch.sentinel.judging.status import FELL_BACK, PENDING, SKIPPED
-from rocm_autopatch.sentinel.runs import graph_record, numerics, reference, replay
+from rocm_autopatch.sentinel.runs import numerics, reference, replay
 from rocm_autopatch.sentinel.scheduling import coverage, schedule
 
 # Per thread: a check in progress (compile_fx calls itself; a check's own compiles and calls

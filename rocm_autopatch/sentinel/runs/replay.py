@@ -17,11 +17,15 @@ Replayed only where a replay computes what a run would:
   first use allocates (a BLAS handle per device and stream on ROCm, rocBLAS's workspace
   with ``hipMalloc``), which a capture forbids, and a capture that did so failed or hung
   (ROCm/aiter#4352, ROCm/TransformerEngine#644, openxla/xla#16337); that run is the
-  check's references, so a capture costs no run of its own. Captured at a shape's first
+  check's references (at a first check, see below), so a capture costs no run of its
+  own. Captured at a shape's first
   check where its references are estimated within ``HELD_SHARE`` of the device's memory,
   else at its second (its third where the second times a warm check:
   ``schedule.calibrating``); never while the program captures (``check.call`` runs no check
-  then). The program's RNG is untouched: a graph with random ops is never compared.
+  then). At a first check the capture's first replay gives the check's references in
+  place of that run's: a device graph's first launch costs more than the next, and a
+  first check is left out of the budget. The program's RNG is untouched: a graph with
+  random ops is never compared.
 What the captures hold (their memory pools, the buffers) counts against ``HELD_SHARE`` of
 the device's memory, all graphs together. A capture that would pass it first takes the
 place of captures never replayed (a prompt's shape, checked once), oldest first; past it
@@ -31,15 +35,13 @@ record says why (``references``).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from rocm_autopatch import log
-from rocm_autopatch.sentinel.runs import numerics, reference, stand_ins
+from rocm_autopatch.sentinel.runs import capturing, numerics, reference, stand_ins
 from rocm_autopatch.sentinel.scheduling import schedule
 
 # All captures of a process together hold at most this share of the device's memory.
@@ -61,11 +63,7 @@ _HELD = {"bytes": 0}
 # under ``_ROOM`` (not ``_LOCK``, which a capture's finalizer takes while it is held).
 _LIVE: List[Tuple[Any, Any]] = []
 _ROOM = threading.RLock()
-_STREAMS: Dict[Any, Any] = {}
 _LOCK = threading.Lock()
-# Held while work is put on the sentinel's stream (a capture, a deferred replay, its judge):
-# another thread's work on a stream that is capturing would end up in the capture.
-STREAM_LOCK = threading.RLock()
 
 Refs = Tuple[List[Any], List[Any], Any, Any, Dict[Any, Any]]  # check.reference_runs' result
 
@@ -130,7 +128,7 @@ class Captured:
         self.held = sum(t.untyped_storage().nbytes()
                         for t in [*self.copied.values(), *self.bases, *self.bases64])
         self.device_graph = torch.cuda.CUDAGraph()
-        stream = capture_stream(device)
+        stream = capturing.capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         mode = torch.inference_mode if inference else torch.no_grad
 
@@ -139,7 +137,7 @@ class Captured:
                 return (graph.eager_run(*self.eager_inputs),
                         graph.fp64_run(*self.inputs64, kept=kept))
 
-        with STREAM_LOCK, torch.cuda.stream(stream):
+        with capturing.STREAM_LOCK, torch.cuda.stream(stream):
             # Warmed up on the stream it is captured on: on ROCm a BLAS handle is made per
             # (device, stream) at its first use, which a capture cannot do
             # (ROCm/TransformerEngine#644: a capture error, or a hang). The warm-up is this
@@ -150,8 +148,8 @@ class Captured:
                                           warm_kept)
             torch.cuda.synchronize(device)
             reserved = torch.cuda.memory_reserved(device)
-            self.ref, self.ref64 = capture_into(self.device_graph, lambda: runs(self.kept),
-                                             device)
+            self.ref, self.ref64 = capturing.capture_into(
+                self.device_graph, lambda: runs(self.kept), device)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
         with _LOCK:
@@ -169,6 +167,24 @@ class Captured:
     def replay(self, flat: List[Any], pre: Any) -> Refs:
         self.take(flat)
         return self.run(pre)
+
+    def first_replay(self, pre: Any) -> Refs:
+        """The capturing check's references from the capture's first replay, not from its
+        warm-up: a device graph's first launch costs more than the next ones (a deferred
+        check's first launch took 2.4-2.8 ms beyond the compiled call against 1.4-1.6 on an
+        H100, BENCHMARKS.md), and paid here it is part of the shape's first check, which
+        the budget leaves out; its verdict is then the replay's, as every later one is.
+        Not counted as a replay (``_make_room``: a shape checked once gives way)."""
+        self.first = None  # the warm-up's results go before the replay's are made
+        stream = capturing.capture_stream(self.device)
+        current = torch.cuda.current_stream(self.device)
+        with capturing.STREAM_LOCK, torch.cuda.stream(stream):
+            stream.wait_stream(current)
+            pre.fill(self.bases)
+            pre.fill(self.bases64)
+            self.device_graph.replay()
+        current.wait_stream(stream)
+        return self.eager_inputs, self.inputs64, self.ref, self.ref64, dict(self.kept)
 
     def take(self, flat: List[Any]) -> None:
         """Copy the inputs a replay does not read in place into its buffers (a deferred
@@ -202,12 +218,16 @@ class Replays:
         self.captures: Dict[Any, int] = {}
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
         self.graph: Any = None  # a weak reference to its graph (its calls, its record)
+        # The last ``replayed`` captured its shape (its references will be replayed: the
+        # judge's statistics are captured at once too, ``errors.Captures.expected``).
+        self.fresh = False
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
                  inference: bool, need: int = 0) -> Optional[Refs]:
         """The references from a replay, or from the run a capture begins with (at a shape's
         first check where they ``need`` little memory, else at its second); None where
         they must run op by op (then call ``ran``)."""
+        self.fresh = False
         device = None if self.never else _device(flat)
         if device is None:
             return None
@@ -243,6 +263,12 @@ class Replays:
             self.why = self.never
             return None
         self.captures[shape] = self.captures.get(shape, 0) + 1
+        return self._keep(shape, captured, device, first=seen is None, pre=pre)
+
+    def _keep(self, shape: Any, captured: Captured, device: Any, first: bool, pre: Any
+              ) -> Refs:
+        """A new capture kept, room made for it among the process's (``HELD_SHARE``), or let
+        go where none can be made; this check's references either way."""
         limit = HELD_SHARE * torch.cuda.get_device_properties(device).total_memory
         if _HELD["bytes"] > limit:
             _make_room(_HELD["bytes"] - limit, device, self.calls())
@@ -251,18 +277,24 @@ class Replays:
                         f"past {HELD_SHARE:.0%} of the device's memory with the others' "
                         f"({(_HELD['bytes'] - captured.held) / 2**20:.0f} MiB)")
             self.captures[shape] = RECAPTURES  # not tried again
-            first, captured.first = captured.first, None
+            refs, captured.first = captured.first, None
             del captured  # its pool and buffers go back (``_release``)
             torch.cuda.empty_cache()
-            return first
+            return refs  # type: ignore[return-value]
         self.captured[shape] = captured
         with _ROOM:  # a shape captured again is as young as its new capture
             _LIVE[:] = [e for e in _LIVE if e[0]() is not self or e[1] != shape]
             _LIVE.append((weakref.ref(self), shape))
-        self.why = (f"run op by op and captured as a device graph, replayed from the next "
-                    f"check on (the process's captures hold {_HELD['bytes'] / 2**20:.0f} MiB)")
-        first, captured.first = captured.first, None
-        return first
+        self.why = (f"run op by op and captured as a device graph, "
+                    f"{'its first replay judged' if first else 'replayed from the next check on'}"
+                    f" (the process's captures hold {_HELD['bytes'] / 2**20:.0f} MiB)")
+        self.fresh = True
+        if first:  # a first check, left out of the budget: the first launch's extra cost here
+            return captured.first_replay(pre)
+        # (at a second check, inside the budget, a replay's device time is not worth it: an
+        # 8B decode step's replay took 9-17 ms)
+        refs, captured.first = captured.first, None
+        return refs  # type: ignore[return-value]
 
     def ready(self, shape: Any, flat: List[Any], pre: Any) -> Optional[Captured]:
         """This shape's capture, where it can replay on these inputs now (none moved); None
@@ -361,75 +393,6 @@ def _small_inputs(flat: List[Any]) -> set:
                 found.add(i)
                 total += size
     return found
-
-
-def capture_into(device_graph: Any, run: Callable[[], Any], device: Any) -> Any:
-    """``run()`` captured into ``device_graph`` in a pool of its own; where that fails,
-    ``_after_failed_capture``, and the op's own error raised where it raised one."""
-    pool = torch.cuda.graph_pool_handle()
-    device_graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-    failed: Optional[Exception] = None
-    try:
-        out = run()
-    except Exception as exc:  # noqa: BLE001 - the capture is ended first
-        failed = exc
-    try:
-        device_graph.capture_end()
-    except Exception as exc:
-        _after_failed_capture(device, pool)
-        raise (failed or exc) from None
-    if failed is not None:
-        raise failed
-    return out
-
-
-def _after_failed_capture(device: Any, pool: Any) -> None:
-    """Undo what only a ``capture_end`` that succeeds undoes (torch 2.11's
-    ``aten/src/ATen/cuda/CUDAGraph.cpp``, ``capture_end``, ``reset``); never raises:
-    - the generator stays marked as captured (``CUDAGeneratorImpl.cpp``, ``capture_epilogue``)
-      and every random op of the program raised "Offset increment outside graph capture
-      encountered unexpectedly" (an H200): one op on a scalar of its own, captured and ended,
-      unmarks it, the seed and offset as they were;
-    - where ``capture_end`` raised before it stopped routing allocations to the pool (an
-      invalidated capture), the pool is never released (``reset``: ``if (capture_ended_)``)
-      and what the references allocated stayed reserved: ended and released as
-      ``torch.cuda.use_mem_pool`` does (``torch/cuda/memory.py``). Where it raised later,
-      ``reset`` releases it (twice would fail torch's assert in a destructor). The pinned
-      host allocator's routing (``begin_allocate_to_pool``) is left: it pins nothing here."""
-    index = torch.device(device).index or 0
-    undo = [("random generator", lambda: _close_rng_capture(device), "random ops may raise")]
-    with contextlib.suppress(Exception):  # "not currently recording": ended by capture_end
-        (getattr(torch._C, "_cuda_endAllocateToPool", None)  # torch >= 2.8, else 2.1-2.7
-         or torch._C._cuda_endAllocateCurrentStreamToPool)(index, pool)
-        undo.append(("memory pool", lambda: torch._C._cuda_releasePool(index, pool),
-                     "what the references allocated stays reserved"))
-    for what, run, then in undo:
-        try:
-            run()
-        except Exception as exc:  # noqa: BLE001 - said, never raised
-            log.warn_once(("sentinel", what), (
-                f"ROCM_AUTOPATCH_VERIFY: after a failed capture of a graph's references the "
-                f"GPU's {what} could not be released ({exc!r}): {then} on this GPU (torch "
-                "undoes a capture only after one that succeeded: aten/src/ATen/cuda/"
-                "CUDAGraph.cpp, CUDAGraph::reset); ROCM_AUTOPATCH_VERIFY=0 turns it off"))
-
-
-def _close_rng_capture(device: Any) -> None:  # see _after_failed_capture
-    scratch, closing = torch.zeros((), device=device), torch.cuda.CUDAGraph()
-    closing.capture_begin(capture_error_mode="thread_local")
-    try:
-        scratch.add_(1)
-    finally:
-        closing.capture_end()
-
-
-def capture_stream(device: Any) -> Any:
-    """The one stream this process captures references on, per device (a BLAS handle per
-    stream is made once, by the warm-up before the first capture on it)."""
-    with _LOCK:
-        if device not in _STREAMS:
-            _STREAMS[device] = torch.cuda.Stream(device)
-        return _STREAMS[device]
 
 
 def _release(held: int) -> None:  # a capture's finalizer

@@ -1,6 +1,6 @@
 """What a graph's schedule covered, for the report: its calls, the checks and why they
 ran, the shapes and values checked, the period, the stride and the share of the program's
-time the graph's checks and wrapper took (``runs.graph_record`` holds the fields)."""
+time the graph's checks and wrapper took (``judging.graph_record`` holds the fields)."""
 
 from __future__ import annotations
 
