@@ -233,6 +233,7 @@ def reference_runs(graph: Graph, flat: List[Any], pre: Any, shape: Any = None,
     import torch
 
     replays = graph.replays
+    replays.fresh = False  # (set again by a capture made now)
     if shape is not None:
         replayed = replays.replayed(shape, graph, flat, pre, graph.inference_mode, need)
         if graph.entry["references"] != replays.why:
