@@ -186,12 +186,8 @@ def _captured_judge(work: Any, device: Any) -> Tuple[Any, Any]:
     import torch
 
     graph = torch.cuda.CUDAGraph()
-    stream, current = capturing.capture_stream(device), torch.cuda.current_stream(device)
-    with capturing.STREAM_LOCK:
-        stream.wait_stream(current)
-        with torch.cuda.stream(stream):
-            out = capturing.capture_into(graph, work, device)
-        current.wait_stream(stream)
+    with capturing.on_stream(device):
+        out = capturing.capture_into(graph, work, device)
     return graph, out
 
 

@@ -272,3 +272,56 @@ def test_after_a_failed_capture_the_generator_and_the_pool_are_released_nothing_
     with pytest.raises(RuntimeError, match="previous error"):  # reset releases it: not twice
         capturing.capture_into(Invalidated(), lambda: 1, "cuda:0")
     assert calls == [("begin", (0, 14), "thread_local")]
+
+
+def test_work_on_the_sentinels_stream_is_ordered_both_ways(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``capturing.on_stream``: the sentinel's stream waits for what the program's stream
+    queued before the work is put on it, the work runs with that stream current and the
+    lock held, and the program's stream waits for it after (not after work that raised:
+    nothing of it is to be waited for). STAND-INS for CUDA streams: a CPU has none."""
+    import threading
+
+    import torch
+
+    from rocm_autopatch.sentinel.runs import capturing
+
+    said: list = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_stream(self, other: Stream) -> None:
+            said.append(f"{self.name} waits for {other.name}")
+
+    program, sentinel = Stream("program"), Stream("sentinel")
+    current = [program]
+
+    class Current:
+        def __init__(self, stream: Stream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            current.append(self.stream)
+
+        def __exit__(self, *exc: object) -> None:
+            current.pop()
+
+    monkeypatch.setattr(capturing, "capture_stream", lambda device: sentinel)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[-1])
+    monkeypatch.setattr(torch.cuda, "stream", Current)
+    with capturing.on_stream("cuda:0") as stream:
+        assert stream is sentinel and current[-1] is sentinel
+        elsewhere: list = []  # another thread cannot take the lock meanwhile
+        other = threading.Thread(target=lambda: elsewhere.append(
+            capturing.STREAM_LOCK.acquire(blocking=False)))
+        other.start()
+        other.join()
+        assert elsewhere == [False]
+        said.append("work")
+    assert said == ["sentinel waits for program", "work", "program waits for sentinel"]
+    said.clear()
+    with pytest.raises(RuntimeError), capturing.on_stream("cuda:0"):
+        raise RuntimeError("capture failed")
+    assert said == ["sentinel waits for program"] and current == [program]

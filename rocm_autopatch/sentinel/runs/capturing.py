@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 
@@ -87,3 +87,16 @@ def capture_stream(device: Any) -> Any:
         if device not in _STREAMS:
             _STREAMS[device] = torch.cuda.Stream(device)
         return _STREAMS[device]
+
+
+@contextlib.contextmanager
+def on_stream(device: Any) -> Iterator[Any]:
+    """Work put on the sentinel's stream (yielded) behind what the current stream has
+    queued, another thread's work kept off it meanwhile; the current stream then waits for
+    it (where the work returned without raising)."""
+    stream, current = capture_stream(device), torch.cuda.current_stream(device)
+    with STREAM_LOCK:
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            yield stream
+        current.wait_stream(stream)

@@ -128,8 +128,6 @@ class Captured:
         self.held = sum(t.untyped_storage().nbytes()
                         for t in [*self.copied.values(), *self.bases, *self.bases64])
         self.device_graph = torch.cuda.CUDAGraph()
-        stream = capturing.capture_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
         mode = torch.inference_mode if inference else torch.no_grad
 
         def runs(kept: Dict[Any, Any]) -> Tuple[Any, Any]:
@@ -137,7 +135,7 @@ class Captured:
                 return (graph.eager_run(*self.eager_inputs),
                         graph.fp64_run(*self.inputs64, kept=kept))
 
-        with capturing.STREAM_LOCK, torch.cuda.stream(stream):
+        with capturing.on_stream(device):
             # Warmed up on the stream it is captured on: on ROCm a BLAS handle is made per
             # (device, stream) at its first use, which a capture cannot do
             # (ROCm/TransformerEngine#644: a capture error, or a hang). The warm-up is this
@@ -150,7 +148,6 @@ class Captured:
             reserved = torch.cuda.memory_reserved(device)
             self.ref, self.ref64 = capturing.capture_into(
                 self.device_graph, lambda: runs(self.kept), device)
-        torch.cuda.current_stream(device).wait_stream(stream)
         self.held += max(0, torch.cuda.memory_reserved(device) - reserved)
         with _LOCK:
             _HELD["bytes"] += self.held
@@ -176,15 +173,8 @@ class Captured:
         the budget leaves out; its verdict is then the replay's, as every later one is.
         Not counted as a replay (``_make_room``: a shape checked once gives way)."""
         self.first = None  # the warm-up's results go before the replay's are made
-        stream = capturing.capture_stream(self.device)
-        current = torch.cuda.current_stream(self.device)
-        with capturing.STREAM_LOCK, torch.cuda.stream(stream):
-            stream.wait_stream(current)
-            pre.fill(self.bases)
-            pre.fill(self.bases64)
-            self.device_graph.replay()
-        current.wait_stream(stream)
-        return self.eager_inputs, self.inputs64, self.ref, self.ref64, dict(self.kept)
+        with capturing.on_stream(self.device):
+            return self.run(pre, counted=False)
 
     def take(self, flat: List[Any]) -> None:
         """Copy the inputs a replay does not read in place into its buffers (a deferred
@@ -192,11 +182,12 @@ class Captured:
         for i, buf in self.copied.items():
             buf.copy_(flat[i])
 
-    def run(self, pre: Any) -> Refs:
-        """Refill the written inputs' buffers from the snapshot and replay."""
+    def run(self, pre: Any, counted: bool = True) -> Refs:
+        """Refill the written inputs' buffers from the snapshot and replay (``counted``
+        among its ``replays``)."""
         pre.fill(self.bases)
         pre.fill(self.bases64)
-        self.replays += 1
+        self.replays += counted
         self.device_graph.replay()
         return self.eager_inputs, self.inputs64, self.ref, self.ref64, dict(self.kept)
 
@@ -218,8 +209,9 @@ class Replays:
         self.captures: Dict[Any, int] = {}
         self.why = self.never or "run op by op: not captured yet (the first run warms up)"
         self.graph: Any = None  # a weak reference to its graph (its calls, its record)
-        # The last ``replayed`` captured its shape (its references will be replayed: the
-        # judge's statistics are captured at once too, ``errors.Captures.expected``).
+        # The references just run came from a capture made by that run (its references will
+        # be replayed: the judge's statistics are captured at once too,
+        # ``errors.Captures.expected``); cleared by each run (``compare.reference_runs``).
         self.fresh = False
 
     def replayed(self, shape: Any, graph: Any, flat: List[Any], pre: Any,
@@ -227,7 +219,6 @@ class Replays:
         """The references from a replay, or from the run a capture begins with (at a shape's
         first check where they ``need`` little memory, else at its second); None where
         they must run op by op (then call ``ran``)."""
-        self.fresh = False
         device = None if self.never else _device(flat)
         if device is None:
             return None
