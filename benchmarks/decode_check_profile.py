@@ -30,7 +30,7 @@ layers, checks, alternate = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "
 op_by_op = sys.argv[4] == "1"
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
-from rocm_autopatch.sentinel import check, compare, pending
+from rocm_autopatch.sentinel import check, compare, pending, regions
 # every check judged at the call, each step between two synchronisations (a deferred check
 # has no steps on the program's path to time apart: decode_loop.py measures it)
 pending.launch = lambda check_: False
@@ -57,7 +57,7 @@ def timed(owner, name, label):
 for step in ("not_copied", "wrote_unforeseen", "too_large", "compare", "verdict"):
     timed(check.Check, step, step)
 timed(check, "timed", "whole check")
-timed(compare, "written_regions", "written regions")
+timed(regions, "written_regions", "written regions")
 timed(judge, "compare", "judge")
 timed(snapshot.Snapshot, "make", "copies for the references")
 timed(magnitudes.Magnitudes, "now", "magnitudes read at once")

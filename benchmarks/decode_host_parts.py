@@ -28,7 +28,7 @@ tokens, layers = int(sys.argv[1]), int(sys.argv[2])
 """ + DECODE_LLAMA + r"""
 import rocm_autopatch
 from rocm_autopatch.guards import capture
-from rocm_autopatch.sentinel import check, compare, pending
+from rocm_autopatch.sentinel import check, compare, pending, regions
 from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.runs import deferred, graph as graph_mod, replay, snapshot
 from rocm_autopatch.sentinel.scheduling import integers, magnitudes, schedule
@@ -37,7 +37,8 @@ PARTS = [(check, "call"), (capture, "capturing"), (schedule.Schedule, "due"),
          (check.Check, "too_large"), (check.Check, "not_copied"),
          (snapshot.Snapshot, "__init__"), (replay.Replays, "ready"), (replay.Captured, "run"),
          (pending, "launch"), (deferred.Later, "launch"), (pending, "resolve"),
-         (compare, "judged"), (compare, "written_regions"), (judge, "statistics"),
+         (compare, "judged"), (regions, "written_regions"), (regions.Regions, "replayed"),
+         (judge, "statistics"),
          (judge, "_equal"), (magnitudes.Magnitudes, "measure"), (magnitudes.Magnitudes, "now"),
          (integers.Integers, "read"), (schedule, "crossed"), (torch.Tensor, "tolist")]
 READS = ("Magnitudes.measure", "crossed", "Integers.read")
