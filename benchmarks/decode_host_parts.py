@@ -13,6 +13,10 @@ the decode graph costs each call beyond the compiled call itself, in the timed g
 the part of it that is the ledger's value reads, the rest (``outside_the_ledger``: the
 ledger did not count it before 2026-11-28) and what the ledger now counts as the wrapper's
 (``ledger_wrapper``: measured by ``check.call`` itself, without the parts' clocks).
+``verdict_reads``: the reads back from the device (``tolist``, ``item``, ``nonzero``) while a
+verdict read later is judged, each waiting for the judge's device work queued before it;
+``verdict_device_ms``: each such verdict's span on the sentinel's stream (events at its
+start and end), to hold against its host time (``compare.judged``).
 """
 
 from __future__ import annotations
@@ -37,13 +41,50 @@ PARTS = [(check, "call"), (capture, "capturing"), (schedule.Schedule, "due"),
          (check.Check, "too_large"), (check.Check, "not_copied"),
          (snapshot.Snapshot, "__init__"), (replay.Replays, "ready"), (replay.Captured, "run"),
          (pending, "launch"), (deferred.Later, "launch"), (pending, "resolve"),
-         (compare, "judged"), (regions, "written_regions"), (regions.Regions, "replayed"),
-         (judge, "statistics"),
+         (compare, "judged"), (regions, "written_regions"), (judge, "statistics"),
          (judge, "_equal"), (magnitudes.Magnitudes, "measure"), (magnitudes.Magnitudes, "now"),
-         (integers.Integers, "read"), (schedule, "crossed"), (torch.Tensor, "tolist")]
+         (integers.Integers, "read"), (schedule, "crossed"), (torch.Tensor, "tolist"),
+         (torch.Tensor, "nonzero")]
 READS = ("Magnitudes.measure", "crossed", "Integers.read")
 for owner, name in PARTS:
     timed_part(owner, name, f"{getattr(owner, '__name__', '').split('.')[-1]}.{name}")
+# Inside a verdict read later: the time its reads back from the device take (each waits for
+# the judge's device work queued before it), and the device time from the verdict's start
+# to its end on the sentinel's stream (events), against the host time of the whole verdict.
+inside = {"depth": 0}
+def verdict_read(owner, name):
+    inner = getattr(owner, name)
+    def wrapper(*a, **k):
+        if not inside["depth"]:
+            return inner(*a, **k)
+        began = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            parts.setdefault("verdict_reads", []).append(time.perf_counter() - began)
+    setattr(owner, name, wrapper)
+for name in ("tolist", "item", "nonzero"):
+    verdict_read(torch.Tensor, name)
+spans = []
+resolving = pending.resolve
+def resolve_spanned(*a, **k):
+    ends = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    inside["depth"] += 1
+    judged = compare.judged
+    def judged_spanned(*x, **y):  # on the sentinel's stream (``Later.judging``)
+        ends[0].record()
+        try:
+            return judged(*x, **y)
+        finally:
+            ends[1].record()
+            spans.append(ends)
+    compare.judged = judged_spanned
+    try:
+        return resolving(*a, **k)
+    finally:
+        compare.judged = judged
+        inside["depth"] -= 1
+pending.resolve = resolve_spanned
 profiles = {}  # --profile: the first generation's launches and verdict reads, by function
 unprofiled = []  # what the profiler wrapped: put back after the first generation
 if os.environ.get("BENCH_PROFILE"):
@@ -98,6 +139,7 @@ with torch.no_grad():
         generate(tokens)
     torch.cuda.synchronize()
     wall = time.perf_counter() - start
+verdict_device_ms = [round(a.elapsed_time(b), 3) for a, b in spans]  # every one, in order
 calls = len(parts["check.call"])
 beyond = sum(parts["check.call"]) - sum(parts["compiled"])
 reads = sum(sum(parts.get(k, [])) for k in READS)
@@ -109,6 +151,7 @@ print(json.dumps({"timed_seconds": round(wall, 3), "wall_ms_per_call": round(wal
                                                           / calls * 1e6, 1)},
                   "sentinel_share": schedule.LEDGER.spent_share(),
                   "first_generation_ms": summary(first), "timed_ms": summary(parts),
+                  "verdict_device_ms": verdict_device_ms,
                   "profile_first_generation": {k: top(v) for k, v in profiles.items()}}))
 """
 

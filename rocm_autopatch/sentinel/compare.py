@@ -6,8 +6,7 @@ reaches excused or the references run again with the tie taken each way (``branc
 Used by a check
 judged at the call (``check``) and by one whose verdict is read later (``pending``); for
 the latter, on a GPU, the judge's device work for a layout of values seen before is
-replayed as a captured graph (``judging.errors.Captures``, and the written regions'
-``regions.Regions``, both captured by ``_captured_judge``).
+replayed as a captured graph (``judging.errors.Captures``, captured by ``_captured_judge``).
 """
 
 from __future__ import annotations
@@ -145,13 +144,11 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
     outputs = len(numerics.leaves(ref))
+    written = regions.written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
+                                       for i in sorted(after)])
     if (replayed or expected) and graph.judges is None:
         graph.judges = errors.Captures(_captured_judge)
-        graph.regions = regions.Regions(_captured_judge)
     captures = graph.judges if replayed or expected else None
-    written = regions.written_regions(
-        [(pre.before(i), eager_inputs[i], after[i], inputs64[i]) for i in sorted(after)],
-        graph.regions if captures is not None else None, expected)
     allowed = judge.Allowance(*graph.allowed, *graph.narrowing(sorted(after)))
     if captures is not None:
         captures.expected = expected

@@ -127,7 +127,7 @@ def resolve(self: Any, wait: float = 0.0) -> None:
     except Exception as exc:  # noqa: BLE001 - a check never costs the program anything
         graph.skip(f"not checked: the check itself failed ({type(exc).__name__}: "
                    f"{memory.first_line(exc)})")
-        graph.judges = graph.regions = None  # nor its judge's captures (their memory)
+        graph.judges = None  # nor its judge's captures (their memory)
         memory.release()
     finally:
         try:

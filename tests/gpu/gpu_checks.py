@@ -511,23 +511,12 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
         made(self, *args)
 
     errors._Replayed.__init__ = spied
-    from rocm_autopatch.sentinel import regions
-
-    regions_at: list = []  # the loop's calls when the written regions are captured
-    regions_made = regions._Captured.__init__
-
-    def regions_spied(self: Any, *args: Any) -> None:
-        regions_at.append(at["call"])
-        regions_made(self, *args)
-
-    regions._Captured.__init__ = regions_spied
     results: Dict[str, Any] = {}
     labels = ("healthy", "written", "refilled", "wrong") if how == "check" else ("healthy",)
     for label in labels:
         torch._dynamo.reset()
         bug["on"] = label == "wrong"
         captured_at.clear()
-        regions_at.clear()
         f = torch.compile(step)
         cache = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
         draws = torch.Generator(device="cuda").manual_seed(1)
@@ -550,7 +539,7 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
         g = rocm_autopatch.report().verify["graphs"][-1]
         results[label] = {"calls_checked_before_the_last_verdict": unread,
             "outputs": _digest(t for o in outs for t in o), "host_ms": host,
-            "judge_captured_at": captured_at[:], "regions_captured_at": regions_at[:],
+            "judge_captured_at": captured_at[:],
             **{k: g[k] for k in ("status", "found_at_call", "calls_checked",
                                  "checks_read_later", "checks_skipped", "skipped_reason",
                                  "references")}}
@@ -757,61 +746,6 @@ def judge_replayed() -> Dict[str, Any]:
     return {"calls": calls, "captured_layouts": len(captures.made), "failed": captures.why,
             "host_ms_replayed": ms(lambda: errors.statistics(values, 1e-3, captures)),
             "host_ms_op_by_op": ms(lambda: errors.statistics(values, 1e-3))}
-
-
-def regions_replayed() -> Dict[str, Any]:
-    """issue 43, item 4: a decode step's 16 written caches (bf16, 4 heads of 272 positions
-    of 64) found at one position by their captured device work (``regions.Regions``,
-    ``nonzero_static`` at the count found before) give what op by op gives, bit for bit,
-    over verdicts of new values; a count that moves (two positions) is found op by op;
-    the host time of each."""
-    import torch
-
-    from rocm_autopatch.sentinel import compare, regions
-    from rocm_autopatch.sentinel.runs import capturing
-
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def step(position: int, also: int = -1) -> List[Any]:
-        items = []
-        for _ in range(16):
-            before = torch.randn(1, 4, 272, 64, device="cuda", generator=gen).bfloat16()
-            exact = torch.randn(1, 4, 1, 64, device="cuda", generator=gen,
-                                dtype=torch.float64)
-            fp64, eager, compiled = before.double(), before.clone(), before.clone()
-            for at in {position, also} - {-1}:
-                fp64[:, :, at:at + 1] = exact
-                eager[:, :, at:at + 1] = exact.bfloat16()
-                compiled[:, :, at:at + 1] = (exact * (1 + 1e-3)).bfloat16()
-            items.append((before, eager, compiled, fp64))
-        return items
-
-    def ms(run: Any) -> float:
-        times = []
-        for _ in range(20):
-            began = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - began) * 1e3)
-        return round(sorted(times)[10], 3)
-
-    captured = regions.Regions(compare._captured_judge)
-    verdicts = []
-    side = capturing.capture_stream(torch.device("cuda"))
-    with torch.cuda.stream(side):  # where a verdict read later is judged
-        for verdict, (position, also) in enumerate([(5, -1)] * 4 + [(5, 6), (5, -1)]):
-            items = step(position, also)
-            got = regions.written_regions(items, captured, expected=verdict == 0)
-            want = regions.written_regions(items)
-            verdicts.append({"numel": got[0][0].numel(), "captured": len(captured.made),
-                             "equal": all(torch.equal(a, b) for g, w in zip(got, want)
-                                          for a, b in zip(g, w))})
-        items = step(9)
-        again = regions.Regions(compare._captured_judge)
-        regions.written_regions(items, again, expected=True)
-        host = {"host_ms_replayed": ms(lambda: regions.written_regions(items, again)),
-                "host_ms_op_by_op": ms(lambda: regions.written_regions(items))}
-    return {"verdicts": verdicts, "failed": captured.why or again.why,
-            "moved": len(captured.moved), "captured_again": len(again.made), **host}
 
 
 def integers_every_call() -> Dict[str, Any]:
@@ -1094,7 +1028,6 @@ SCENARIOS: Dict[str, tuple] = {
     "narrowed_attention": (narrowed_attention, {"ROCM_AUTOPATCH": "force"}),
     "integers_every_call": (integers_every_call, {"ROCM_AUTOPATCH": "force"}),
     "judge_replayed": (judge_replayed, {"ROCM_AUTOPATCH": "force"}),
-    "regions_replayed": (regions_replayed, {"ROCM_AUTOPATCH": "force"}),
     "deferred_fallback": (lambda: deferred_verdicts("fallback"), {
         "ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY": "fallback"}),
     "capture_fails": (capture_fails, {"ROCM_AUTOPATCH": "force", "ROCM_AUTOPATCH_VERIFY":

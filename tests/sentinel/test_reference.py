@@ -4,7 +4,6 @@ an input the judge sees (a static KV cache written one position per step)."""
 
 from __future__ import annotations
 
-import gc
 from typing import Any, List
 
 import pytest
@@ -233,107 +232,6 @@ def test_an_input_written_whole_or_not_at_all_is_judged_whole() -> None:
     (whole,) = written_regions([(before, everywhere, everywhere.clone(),
                                  everywhere.double())])
     assert whole[1].shape == before.shape
-
-
-class _StandInGraph:
-    """STAND-IN for ``torch.cuda.CUDAGraph`` (a CPU has no device graphs): "captures" the
-    regions' device work by running it once; a replay runs it again into the same output
-    tensors, as a replay writes in place."""
-
-    def __init__(self, work: Any, broken: bool = False) -> None:
-        self.work, self.out, self.replays, self.broken = work, work(), 0, broken
-
-    def replay(self) -> None:
-        import torch
-
-        if self.broken:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        self.replays += 1
-        for kept, now in zip(torch.utils._pytree.tree_leaves(self.out),
-                             torch.utils._pytree.tree_leaves(self.work())):
-            kept.copy_(now)
-
-
-def _decode_step(position: int, seed: int, also: int = -1) -> List[Any]:
-    """Four caches of a decode step written at ``position`` (and at ``also`` where given),
-    new values for each ``seed``; compiled a little off eager."""
-    torch = pytest.importorskip("torch")
-    gen = torch.Generator().manual_seed(seed)
-    items = []
-    for _ in range(4):
-        before = torch.randn(1, 2, 16, 8, generator=gen).bfloat16()
-        exact = torch.randn(1, 2, 1, 8, generator=gen, dtype=torch.float64)
-        fp64 = before.double()
-        eager, compiled = before.clone(), before.clone()
-        for at in {position, also} - {-1}:
-            fp64[:, :, at:at + 1] = exact
-            eager[:, :, at:at + 1] = exact.bfloat16()
-            compiled[:, :, at:at + 1] = (exact * (1 + 1e-3)).bfloat16()
-        items.append((before, eager, compiled, fp64))
-    return items
-
-
-def test_written_regions_replayed_from_a_capture_are_those_found_op_by_op(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A graph whose verdicts are read later finds a group of written inputs seen before at
-    one count of changed elements without reading that count back: its work at that count
-    (``nonzero_static``) captured and replayed (a stand-in graph here: a CPU has none). Its
-    regions are the ones found op by op, verdict after verdict with new values; a count
-    that moves (a second position written) is found op by op and never captured again; a
-    group expected again is captured at first sight; a capture that fails ends them, said,
-    and nothing raises; the copies' room is given back with the captures."""
-    torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel import regions
-
-    monkeypatch.setattr(regions, "STACK_ON_CPU", True)  # stacked, as on a GPU
-    graphs: list = []
-
-    def capture(work: Any, device: Any) -> Any:
-        graphs.append(_StandInGraph(work))
-        return graphs[-1], graphs[-1].out
-
-    def same(items: list, captured: Any, expected: bool = False) -> None:
-        got = regions.written_regions(items, captured, expected)
-        want = regions.written_regions(items)
-        assert [[t.dtype for t in g] for g in got] == [[t.dtype for t in w] for w in want]
-        assert all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
-
-    captured = regions.Regions(capture, devices=("cpu",))
-    for seed in range(4):  # position 5, new values at each verdict
-        same(_decode_step(5, seed), captured)
-        assert len(graphs) == (seed >= 1)  # captured at its second verdict at that count
-    assert graphs[0].replays == 2 and len(captured.made) == 1
-    assert regions._HELD["bytes"] == sum(t.numel() * t.element_size()
-                                         for item in _decode_step(5, 0) for t in item)
-    same(_decode_step(5, 9, also=6), captured)  # the count moved: op by op
-    assert not captured.made and len(captured.moved) == 1 and graphs[0].replays == 3
-    for seed in (10, 11):
-        same(_decode_step(5, seed), captured)  # not captured again
-    assert len(graphs) == 1
-    assert regions.Regions(capture).key(("cache",), _decode_step(5, 0)) is None  # a CPU
-
-    graphs.clear()
-    gc.collect()
-    assert regions._HELD["bytes"] == 0
-    expected = regions.Regions(capture, devices=("cpu",))
-    same(_decode_step(7, 0), expected, expected=True)
-    assert len(graphs) == 1 and not graphs[0].replays
-    same(_decode_step(7, 1), expected)
-    assert graphs[0].replays == 1
-    graphs[0].broken = True  # a replay that fails: op by op from then on, nothing raised
-    same(_decode_step(7, 2), expected)
-    assert not expected.made and "illegal memory access" in expected.why
-
-    def fails(work: Any, device: Any) -> Any:
-        raise RuntimeError("operation not permitted when stream is capturing")
-
-    broken = regions.Regions(fails, devices=("cpu",))
-    same(_decode_step(3, 0), broken, expected=True)
-    assert not broken.made and "not permitted" in broken.why
-    graphs.clear()
-    del captured, expected
-    gc.collect()
-    assert regions._HELD["bytes"] == 0
 
 
 def test_the_reference_runs_use_inference_mode_unless_the_graph_refuses_it() -> None:

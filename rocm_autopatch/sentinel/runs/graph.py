@@ -48,7 +48,6 @@ class Graph:
         self.confirm = 0  # the call whose deferred verdict differed: the next is checked at once
         self.untied = 0  # checks in a row not judged for a near tie (``check.undecided``)
         self.judges: Any = None  # its judge's device work, captured by layout (``compare``)
-        self.regions: Any = None  # its written regions' device work, likewise
         self.rungs: Any = None  # its part of the store of rungs (``scheduling.rungs``)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
@@ -76,7 +75,7 @@ class Graph:
         self.fast = self.eager_call if status == FELL_BACK else self.compiled
         self.gm = self.gm if status == FELL_BACK else None  # nothing kept once judged
         self.__dict__.pop("replays", None)  # nor its captured references (their memory)
-        self.judges = self.regions = None  # nor its judge's
+        self.judges = None  # nor its judge's
 
     def settle(self, status: str, reason: str = "") -> None:
         with record.LOCK:
