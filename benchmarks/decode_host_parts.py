@@ -33,7 +33,7 @@ tokens, layers = int(sys.argv[1]), int(sys.argv[2])
 import rocm_autopatch
 from rocm_autopatch.guards import capture
 from rocm_autopatch.sentinel import check, compare, pending, regions
-from rocm_autopatch.sentinel.judging import judge, values
+from rocm_autopatch.sentinel.judging import judge
 from rocm_autopatch.sentinel.runs import deferred, graph as graph_mod, replay, snapshot
 from rocm_autopatch.sentinel.scheduling import integers, magnitudes, schedule
 """ + TIMED_PARTS + r"""
@@ -42,7 +42,7 @@ PARTS = [(check, "call"), (capture, "capturing"), (schedule.Schedule, "due"),
          (snapshot.Snapshot, "__init__"), (replay.Replays, "ready"), (replay.Captured, "run"),
          (pending, "launch"), (deferred.Later, "launch"), (pending, "resolve"),
          (compare, "judged"), (regions, "written_regions"), (judge, "statistics"),
-         (values, "equal"), (magnitudes.Magnitudes, "measure"), (magnitudes.Magnitudes, "now"),
+         (judge, "_equal"), (magnitudes.Magnitudes, "measure"), (magnitudes.Magnitudes, "now"),
          (integers.Integers, "read"), (schedule, "crossed"), (torch.Tensor, "tolist"),
          (torch.Tensor, "nonzero")]
 READS = ("Magnitudes.measure", "crossed", "Integers.read")

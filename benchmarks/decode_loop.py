@@ -97,8 +97,6 @@ timed_part(schedule, "crossed", "predicted_crossing_reads")
 from rocm_autopatch.sentinel import pending as _pending
 timed_part(_pending, "launch", "check_launch")  # the compiled call included
 timed_part(_pending, "resolve", "verdict_resolve")
-if hasattr(_pending, "_queued"):  # since the judge's work is queued and read later
-    timed_part(_pending, "_queued", "verdict_queue")
 timed_part(_pending, "settle", "settle_calls")  # a pending verdict looked at (its work included)
 with torch.no_grad():
     for _ in range(1 if not bug_at else 3):  # a bug: three generations of --tokens

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from rocm_autopatch.sentinel import regions
-from rocm_autopatch.sentinel.judging import choices, errors, judge, values
+from rocm_autopatch.sentinel.judging import choices, errors, judge
 from rocm_autopatch.sentinel.runs import capturing, memory, numerics, reference
 from rocm_autopatch.sentinel.runs.graph import Graph
 
@@ -129,17 +129,14 @@ def _forced_runs(graph: Graph, flat: List[Any], pre: Any, forced: Dict[Any, Any]
 
 def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
            after: Dict[int, Any], ties: bool = True, note: bool = True,
-           replayed: bool = False, expected: bool = False,
-           queued: Optional[values.Queued] = None) -> Tuple[List[Any], int]:
+           replayed: bool = False, expected: bool = False) -> Tuple[List[Any], int]:
     """The judge's verdict on one call: ``runs`` (``reference_runs``' result) against the
     compiled outputs ``res`` (flattened) and the written inputs as the call left them
     (``after``, by index): (the values it rejects, how many of them are outputs). A value
     that differs where a choice that was a near tie reaches is excused; ``Undecided`` where
     nothing else differs. ``replayed``: the judge's device work for a layout of values seen
     before is replayed from its capture (a verdict read later, ``pending``); ``expected``:
-    its layout will be (the shape's references were just captured), captured now.
-    ``queued``: this verdict's device work, queued earlier and read (``queue``); where a
-    written group's count moved, everything is judged op by op here instead."""
+    its layout will be (the shape's references were just captured), captured now."""
     import torch
 
     eager_inputs, inputs64, ref, ref64, kept = runs
@@ -147,11 +144,8 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                                      else n for n in nodes], dtype, dim, keepdim)
                for i, (op, nodes, dtype, dim, keepdim) in graph.derived.items()}
     outputs = len(numerics.leaves(ref))
-    if queued is not None and all(queued.extra):
-        written = queued.carried
-    else:
-        queued = None
-        written = regions.written_regions(_written(pre, runs, after), graph.written_counts)
+    written = regions.written_regions([(pre.before(i), eager_inputs[i], after[i], inputs64[i])
+                                       for i in sorted(after)])
     if (replayed or expected) and graph.judges is None:
         graph.judges = errors.Captures(_captured_judge)
     captures = graph.judges if replayed or expected else None
@@ -163,7 +157,7 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
                                 res + [w[1] for w in written],
                                 numerics.leaves(ref64) + [w[2] for w in written],
                                 judge.TOL_FORWARD, derived, skip=graph.not_compared,
-                                allowed=allowed, captures=captures, queued=queued)
+                                allowed=allowed, captures=captures)
     finally:
         if captures is not None:
             captures.expected = False
@@ -186,35 +180,6 @@ def judged(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
     if undecided is not None:
         raise undecided
     return bad, outputs
-
-
-def queue(graph: Graph, runs: Tuple[Any, ...], pre: Any, res: List[Any],
-          after: Dict[int, Any]) -> Optional[values.Queued]:
-    """A verdict read later, its device work queued on the current stream with nothing read
-    back (``values.Queued``): the written regions at the counts kept (``regions.queued``),
-    the integers' equalities, the statistics (replayed where captured); ``judged`` with it
-    once it is done. None where it cannot be queued (a group's count not kept yet, values
-    on more than one device): ``judged`` alone then."""
-    ref, ref64 = runs[2], runs[3]
-    found = regions.queued(_written(pre, runs, after), graph.written_counts)
-    if found is None:
-        return None
-    written, held = found
-    floating, integral, _ = values.sort(
-        numerics.leaves(ref) + [w[0] for w in written], res + [w[1] for w in written],
-        numerics.leaves(ref64) + [w[2] for w in written], graph.not_compared)
-    if not values.Queued.possible(floating, integral, held):
-        return None
-    if graph.judges is None:
-        graph.judges = errors.Captures(_captured_judge)
-    return values.Queued(floating, integral, judge.TOL_FORWARD, graph.judges, held,
-                         carried=written)
-
-
-def _written(pre: Any, runs: Tuple[Any, ...], after: Dict[int, Any]) -> List[Any]:
-    """The written inputs as ``regions`` takes them: before, eager, compiled, float64."""
-    eager_inputs, inputs64 = runs[0], runs[1]
-    return [(pre.before(i), eager_inputs[i], after[i], inputs64[i]) for i in sorted(after)]
 
 
 def _captured_judge(work: Any, device: Any) -> Tuple[Any, Any]:

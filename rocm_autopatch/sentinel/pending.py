@@ -85,13 +85,22 @@ def resolve(self: Any, wait: float = 0.0) -> None:
     graph, later = self.graph, self.later
     try:
         began = time.perf_counter()  # a wait for its device work is the sentinel's too
-        if not _work_done(self, wait):
+        if not later.wait(wait):
+            schedule.charge(graph.schedule, time.perf_counter() - began)
+            graph.skip("not checked: its references, replayed beside the program, had "
+                       "not finished when the process ended")
+            return
+        moved = later.overwritten(self.flat)
+        if moved:
+            graph.replays.written_later(self.shape, moved)
+            graph.skip(f"not checked: the program wrote inputs {moved} in place before "
+                       "the references, replayed beside it, had read them (copied "
+                       "from the next capture on)")
             return
         try:
             with later.judging(), numerics.quiet():
                 bad, _ = compare.judged(graph, later.runs, self.pre, later.outputs,
-                                        later.after, replayed=not wait,  # not at exit
-                                        queued=later.queued)
+                                        later.after, replayed=not wait)  # not at exit
         except compare.Undecided as why:  # counted at its launch; the judging charged
             schedule.charge(graph.schedule, time.perf_counter() - began)
             graph.skip(f"not judged at call {self.at_call:,}: {why}")
@@ -127,31 +136,6 @@ def resolve(self: Any, wait: float = 0.0) -> None:
             pass
 
 
-def _work_done(self: Any, wait: float) -> bool:
-    """``resolve``'s first step: its device work waited for (at most ``wait`` seconds at
-    exit) and, where its judge's was queued (``_queued``), read back; False where the
-    check is void or its work did not finish (said, the wait charged)."""
-    graph, later = self.graph, self.later
-    began = time.perf_counter()
-    if not later.wait(wait) or (later.queued is not None
-                                and not deferred.waited(later.queued.done, wait)):
-        schedule.charge(graph.schedule, time.perf_counter() - began)
-        graph.skip("not checked: its references, replayed beside the program, had "
-                   "not finished when the process ended")
-        return False
-    if later.queued is not None:  # inputs written since were looked for when it was queued
-        later.queued.read()
-        return True
-    moved = later.overwritten(self.flat)
-    if moved:
-        graph.replays.written_later(self.shape, moved)
-        graph.skip(f"not checked: the program wrote inputs {moved} in place before "
-                   "the references, replayed beside it, had read them (copied "
-                   "from the next capture on)")
-        return False
-    return True
-
-
 # Graphs whose last check's verdict is not read yet (``launch``); read at exit at the
 # latest, before the verdict line and the compile report (registered later, run first).
 _WAITING: List[Graph] = []
@@ -176,15 +160,12 @@ def settle(graph: Graph, wait: bool, seconds: float = 0.0) -> None:
     ``seconds`` there). The caller holds ``graph.lock``. Never raises."""
     pending = graph.pending
     try:
-        if pending is None or not (wait or _passed(pending)):
+        if pending is None or not (wait or pending.later.finished()):
             return
     except Exception:  # noqa: BLE001 - a device error: the verdict is dropped, said
         graph.pending = None
         graph.skip("not checked: the device failed before its verdict could be read")
         return
-    if not wait and pending.later.queued is None and _queued(graph, pending) and \
-            not _passed(pending):
-        return  # its judge's device work queued: read at a later call
     graph.pending = None
     with _EXIT:
         if graph in _WAITING:
@@ -198,40 +179,6 @@ def settle(graph: Graph, wait: bool, seconds: float = 0.0) -> None:
         with record.LOCK:
             graph.entry["seconds"] = round(graph.entry["seconds"]
                                           + time.perf_counter() - start, 3)
-
-
-def _passed(pending: Any) -> bool:
-    """Has the device passed a deferred check's last work: its references, or, once
-    queued, its judge's? (A query: never waits.)"""
-    queued = pending.later.queued
-    return bool(queued.done.query()) if queued is not None else pending.later.finished()
-
-
-def _queued(graph: Graph, pending: Any) -> bool:
-    """A deferred check whose references are done: its judge's device work queued on the
-    sentinel's stream (``compare.queue``), to be read at a later call without waiting for
-    it (True). False where it is judged now (``resolve``): an input written since the
-    call (the check is void), a group's count not kept yet. Where queuing fails (a torch
-    without ``nonzero_static`` on the device) the graph's verdicts are judged at once from
-    then on. The caller holds ``graph.lock``. Never raises."""
-    if graph.written_counts is None or pending.later.overwritten(pending.flat):
-        return False
-    busy.checking = True
-    start = time.perf_counter()
-    later = pending.later
-    try:
-        with later.judging(), numerics.quiet():
-            later.queued = compare.queue(graph, later.runs, pending.pre, later.outputs,
-                                         later.after)
-    except Exception:  # noqa: BLE001 - judged at once, the way that says what fails
-        later.queued = graph.written_counts = None
-    finally:
-        busy.checking = False
-        spent = time.perf_counter() - start
-        schedule.charge(graph.schedule, spent)
-        with record.LOCK:
-            graph.entry["seconds"] = round(graph.entry["seconds"] + spent, 3)
-    return later.queued is not None
 
 
 # At exit, how long a verdict's device work and a thread still checking are waited for.

@@ -1,20 +1,16 @@
 """The regions of a call's written inputs that the judge sees (``written_regions``): the
 elements eager or compiled changed, flattened, the inputs alike in shape and dtype taken
-as a group at the elements any of them changed, found with one synchronisation a group
-(its count of changed elements, kept by the caller). For a verdict read later, a group is
-found again at the count kept (``queued``: ``torch.nonzero_static``, which reads no size
-back, pytorch/pytorch#141838, CUDA from torch 2.6), with a flag on the device saying
-whether that count held; where it did not, the caller finds the regions op by op.
+as a group at the elements any of them changed, found with one synchronisation a group.
 
-Not captured as a device graph on purpose: that work replayed after one copy of the group
-into the capture's buffers took more host time, not less: 0.45 ms against 0.27 for a
-decode step's 16 caches, and a deferred verdict's median 2.50 ms against 2.34 in an
-8-layer decode loop, on an H100 (BENCHMARKS.md, "Written regions captured, tried and not
-kept")."""
+Found op by op on purpose: the same work at the count found before (``nonzero_static``,
+no size read back) captured as a device graph and replayed after one copy of the group
+into its buffers took more host time, not less: 0.45 ms against 0.27 for a decode step's
+16 caches, and a deferred verdict's median 2.50 ms against 2.34 in an 8-layer decode loop,
+on an H100 (BENCHMARKS.md, "Written regions captured, tried and not kept")."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from rocm_autopatch.sentinel.runs import footprint
 
@@ -29,57 +25,14 @@ Written = Tuple[Any, Any, Any, Any]  # a written input: before, eager, compiled,
 STACK_ON_CPU = False
 
 
-def written_regions(items: List[Written], counts: Optional[Dict[Any, int]] = None
-                    ) -> List[Tuple[Any, Any, Any]]:
+def written_regions(items: List[Written]) -> List[Tuple[Any, Any, Any]]:
     """Written inputs as the judge sees them: the elements that eager or compiled changed,
     flattened (the rest is the state before the call in both, and judging it would dilute
     the statistics: a static KV cache is written one position per decode step, and judging
     all of it was most of a decode check's time). Inputs of one shape and dtype are judged
     at the elements any of them changed (a decode step's 16 caches, written at the same
     position: one synchronisation, not 16). Where everything or nothing changed, the whole
-    inputs. ``counts``: each group's count of changed elements is kept there."""
-    found, groups = _groups(items)
-    for name, ks in groups.items():
-        group = [items[k] for k in ks]
-        changed = _changed(group)
-        where = changed.flatten().nonzero().squeeze(1)
-        if counts is not None:
-            counts[name] = where.numel()
-        taken = [item[1:] for item in group] if where.numel() in (0, changed.numel()) \
-            else _gathered(group, where)
-        for k, regions in zip(ks, taken):
-            found[k] = regions
-    return found
-
-
-def queued(items: List[Written], counts: Dict[Any, int]
-           ) -> Optional[Tuple[List[Tuple[Any, Any, Any]], List[Any]]]:
-    """``written_regions`` with no synchronisation, each group at the count ``counts`` kept:
-    (the regions, a flag on the device per group, true where its count held). None where a
-    group's count is not kept (found op by op the first time)."""
-    import torch
-
-    found, groups = _groups(items)
-    if any(name not in counts for name in groups):
-        return None
-    held = []
-    for name, ks in groups.items():
-        group, count = [items[k] for k in ks], counts[name]
-        changed = _changed(group).flatten()
-        held.append(changed.sum() == count)
-        if count in (0, changed.numel()):
-            taken = [item[1:] for item in group]
-        else:
-            where = torch.nonzero_static(changed, size=count, fill_value=0).squeeze(1)
-            taken = _gathered(group, where)
-        for k, regions in zip(ks, taken):
-            found[k] = regions
-    return found, held
-
-
-def _groups(items: List[Written]) -> Tuple[List[Any], Dict[Any, List[int]]]:
-    """The regions of inputs not compared here (their eager, compiled, float64 whole) and
-    the groups of the rest, by shape, dtype and device."""
+    inputs."""
     found: List[Any] = [None] * len(items)
     groups: Dict[Any, List[int]] = {}
     for k, item in enumerate(items):
@@ -87,13 +40,17 @@ def _groups(items: List[Written]) -> Tuple[List[Any], Dict[Any, List[int]]]:
             groups.setdefault((item[0].shape, item[0].dtype, item[0].device), []).append(k)
         else:
             found[k] = item[1:]
-    return found, groups
-
-
-def _gathered(group: List[Written], where: Any) -> List[Tuple[Any, Any, Any]]:
-    """Each input's eager, compiled and float64 elements at ``where`` (flat indices)."""
-    kinds = [_taken([item[kind] for item in group], where) for kind in (1, 2, 3)]
-    return list(zip(*kinds))
+    for ks in groups.values():
+        changed = _changed([items[k] for k in ks])
+        where = changed.flatten().nonzero().squeeze(1)
+        if where.numel() in (0, changed.numel()):
+            for k in ks:
+                found[k] = items[k][1:]
+            continue
+        kinds = [_taken([items[k][kind] for k in ks], where) for kind in (1, 2, 3)]
+        for k, taken in zip(ks, zip(*kinds)):
+            found[k] = taken
+    return found
 
 
 def _step(tensor: Any) -> int:

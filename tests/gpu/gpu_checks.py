@@ -511,24 +511,12 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
         made(self, *args)
 
     errors._Replayed.__init__ = spied
-    from rocm_autopatch.sentinel import compare
-
-    from_queued: list = []  # verdicts read from their judge's queued device work
-    judged = compare.judged
-
-    def judged_spied(*args: Any, queued: Any = None, **kwargs: Any) -> Any:
-        if queued is not None and all(queued.extra):
-            from_queued.append(at["call"])
-        return judged(*args, queued=queued, **kwargs)
-
-    compare.judged = judged_spied
     results: Dict[str, Any] = {}
     labels = ("healthy", "written", "refilled", "wrong") if how == "check" else ("healthy",)
     for label in labels:
         torch._dynamo.reset()
         bug["on"] = label == "wrong"
         captured_at.clear()
-        from_queued.clear()
         f = torch.compile(step)
         cache = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
         draws = torch.Generator(device="cuda").manual_seed(1)
@@ -551,7 +539,7 @@ def deferred_verdicts(how: str = "check") -> Dict[str, Any]:
         g = rocm_autopatch.report().verify["graphs"][-1]
         results[label] = {"calls_checked_before_the_last_verdict": unread,
             "outputs": _digest(t for o in outs for t in o), "host_ms": host,
-            "judge_captured_at": captured_at[:], "read_from_queued_work": len(from_queued),
+            "judge_captured_at": captured_at[:],
             **{k: g[k] for k in ("status", "found_at_call", "calls_checked",
                                  "checks_read_later", "checks_skipped", "skipped_reason",
                                  "references")}}

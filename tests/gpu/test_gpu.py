@@ -146,10 +146,6 @@ def test_a_deferred_check_reads_its_verdict_later_and_changes_nothing(results: d
     # the judge's statistics captured at the first check (left out of the budget), with
     # the references; every deferred verdict replays them
     assert healthy["judge_captured_at"] == [0] == refilled["judge_captured_at"], healthy
-    # the judge's device work queued once the references were done, read back later
-    # (here at the next call, whose check waits for it): most verdicts
-    assert healthy["read_from_queued_work"] >= 10, healthy
-    assert wrong["read_from_queued_work"] >= 8, wrong
     assert healthy["checks_read_later"] == 15, healthy
     assert fallback["status"] == "passed" and fallback["checks_read_later"] == 0
     # the program's numbers are the same as where every check is judged at the call

@@ -36,7 +36,6 @@ class CpuLater(deferred.Later):
         self.captured, self.device = captured, device
         self.launch_seconds = 0.0
         self.waited = False
-        self.queued = None
 
     def affordable(self, res: Any, flat: List[Any], mutated: Any) -> bool:
         return True
@@ -195,79 +194,6 @@ def test_an_input_written_in_place_before_the_verdict_voids_the_check(deferring:
     entry = graph.entry
     assert entry["status"] != "failed" and entry["checks_skipped"] == 1, entry
     assert entry["skipped_reason"].startswith("not checked: the program wrote inputs [1]")
-
-
-def cached(x: Any, w: Any, cache: Any, pos: Any) -> Any:
-    y = (x @ w).sin()
-    cache.index_copy_(0, pos, y[:pos.numel()])
-    return y
-
-
-@pytest.mark.parametrize("wrong_from", [None, 3])
-def test_a_verdicts_device_work_is_queued_then_read_at_a_later_call(
-        deferring: set, monkeypatch: pytest.MonkeyPatch, wrong_from: Any) -> None:
-    """Once a deferred check's references are done, its judge's device work is queued (the
-    cache's written rows found at the count the graph's last check kept, with no
-    synchronisation; the statistics) and read back at a later call, once that work has
-    passed (its "event" is the test's switch here: a CPU has none): no wait. The verdict
-    is the one judged at once: cache rows written 1.5x too large from call 3 differ (and
-    call 6, checked at the call, confirms it), healthy ones pass. A count that moved (two
-    rows written) is judged op by op."""
-    from rocm_autopatch.sentinel.judging import values
-
-    passed = {"now": False}
-    monkeypatch.setattr(values.Passed, "query", lambda self: passed["now"])
-    used: list = []
-    real_judged = compare.judged
-
-    def judged(*args: Any, queued: Any = None, **kwargs: Any) -> Any:
-        used.append(None if queued is None else all(queued.extra))
-        return real_judged(*args, queued=queued, **kwargs)
-
-    def compiled(x: Any, w: Any, cache: Any, pos: Any) -> Any:
-        y = (x @ w).sin()
-        wrong = wrong_from is not None and graph.schedule.calls >= wrong_from
-        cache.index_copy_(0, pos, y[:pos.numel()] * (1.5 if wrong else 1.0))
-        return y
-
-    monkeypatch.setattr(compare, "judged", judged)
-    deferring.update({1, 3, 7})
-    graph = watched(cached, compiled)
-    graph.replays.stand_in.copied = {0: None, 3: None}
-    cache = torch.zeros(8, 16)
-    name = ((8, 16), torch.float32, torch.device("cpu"))
-    with torch.no_grad():
-        def call(n: int, rows: int = 1) -> None:  # new values at every call
-            check.call(graph, (X * n, W, cache, torch.arange(n % 4, n % 4 + rows)), {})
-
-        call(1)
-        CpuLater.done_now = True
-        call(2)  # call 1's verdict: judged at once (no count kept yet), the count kept
-        assert used == [None] and graph.written_counts == {name: 16}
-        CpuLater.done_now = False
-        call(3)
-        CpuLater.done_now = True
-        call(4)  # call 3's references done: its judge's work queued, not read
-        assert graph.pending is not None and graph.pending.later.queued is not None
-        assert used == [None] and graph.entry["checks_read_later"] == 1
-        call(5)  # not passed yet: nothing waits
-        assert graph.pending is not None and used == [None]
-        passed["now"] = True
-        call(6)  # read here, from the queued work
-        assert graph.pending is None and used[:2] == [None, True]
-        if wrong_from is not None:
-            entry = graph.entry
-            assert entry["status"] == "failed" and entry["found_at_call"] == 6, entry
-            assert entry["skipped_reason"].startswith("call 3's check, its verdict read "
-                                                      "later, differed from eager")
-            return
-        assert graph.entry["checks_read_later"] == 2 and graph.entry["status"] == "passed"
-        CpuLater.done_now, passed["now"] = False, False
-        call(7, rows=2)
-        CpuLater.done_now, passed["now"] = True, True
-        call(8)  # queued at one row's count, two written: judged op by op
-    assert used == [None, True, False] and graph.entry["checks_read_later"] == 3
-    assert graph.entry["status"] == "passed" and graph.written_counts[name] == 32
 
 
 def test_the_exit_reads_the_verdicts_still_pending(deferring: set) -> None:

@@ -57,7 +57,7 @@ def test_integers_are_compared_in_one_batch_as_torchs_criterion_would() -> None:
     compared in one batch. Equal ones pass (torch's criterion passes them too), one off by
     one among them is caught, and values of other dtypes, shapes or empty are judged."""
     torch = pytest.importorskip("torch")
-    from rocm_autopatch.sentinel.judging import judge, values
+    from rocm_autopatch.sentinel.judging import judge
     from rocm_autopatch.sentinel.judging.errors import Value
 
     eager = [torch.tensor(16 + i) for i in range(12)] + [
@@ -69,7 +69,7 @@ def test_integers_are_compared_in_one_batch_as_torchs_criterion_would() -> None:
     found = judge.compare(eager, compiled, eager, judge.TOL_FORWARD)
     assert [m.index for m in found.bad] == [5], found.bad
     assert found.torch_failed == [5, 14]  # torch's criterion wants the same dtype
-    equal = values.equal([Value(i, r, c, r) for i, (r, c) in
+    equal = judge._equal([Value(i, r, c, r) for i, (r, c) in
                           enumerate(zip(eager, compiled))])
     assert equal == {**{i: True for i in range(14)}, 5: False, 14: False}
     for i in range(14):

@@ -69,17 +69,6 @@ def statistics(values: List[Value], tol: float, captures: Optional[Captures] = N
     one device go end to end in batches of up to ``BATCH_ELEMENTS``; larger ones alone
     (a view where it can be, never a copy of a large output). ``captures``: a graph's
     batches judged before, their device work replayed (``Captures``)."""
-    return read(launched(values, tol, captures))
-
-
-Launched = Tuple[List[Value], torch.Tensor, torch.Tensor]  # values, their rows, err_c
-
-
-def launched(values: List[Value], tol: float, captures: Optional[Captures] = None
-             ) -> List[Launched]:
-    """The device work of ``statistics``, nothing read back: each batch's values (for a
-    replayed one, its capture's), its rows on the device and compiled's error per element
-    (``read`` reads them)."""
     batches: List[List[Value]] = []
     filling: Dict[Any, List[Value]] = {}  # by device: the batch being filled
     sizes: Dict[Any, int] = {}  # its elements
@@ -93,22 +82,24 @@ def launched(values: List[Value], tol: float, captures: Optional[Captures] = Non
             batches.append(filling[device])
         filling[device].append(v)
         sizes[device] += numel
-    judged: List[Launched] = []
+    found: Dict[int, Errors] = {}
+    judged: List[Tuple[List[Value], torch.Tensor, torch.Tensor]] = []  # op by op
     kept: List[Tuple[Any, List[Value]]] = []
     for batch in batches:
         key = captures.key(batch, tol) if captures is not None else None
         if key is not None and key in captures.made:
             replayed = captures.replayed(key, batch)
             if replayed is not None:
-                judged.append(replayed)
+                found.update(replayed)
                 continue
         ordered = _ordered(batch)
         judged.append((ordered, *_on_device(ordered, _per_value(ordered), tol)))
         if key is not None:
             kept.append((key, batch))
-    for key, batch in kept:  # captured behind their op-by-op work (the warm-up)
+    found.update(_read(judged))
+    for key, batch in kept:  # captured once their op-by-op work (the warm-up) is done
         captures.keep(key, batch, tol)
-    return judged
+    return found
 
 
 def _end_to_end(parts: List[torch.Tensor]) -> torch.Tensor:
@@ -159,27 +150,23 @@ def _per_value(values: List[Value]) -> torch.Tensor:
     return rows if device.type == "cpu" else rows.pin_memory().to(device, non_blocking=True)
 
 
-def read(judged: List[Launched]) -> Dict[int, Errors]:
-    """The statistics of batches launched (``launched``), read in one transfer per device:
-    a transfer per batch would wait for the device between batches (a training step's 62
-    gradients judged alone, 62 waits, BENCHMARKS.md)."""
+def _read(judged: List[Tuple[List[Value], torch.Tensor, torch.Tensor]]
+          ) -> Dict[int, Errors]:
+    """The statistics of batches judged op by op (each its values, their rows on the device
+    and compiled's error per element), read in one transfer per device: a transfer per
+    batch would wait for the device between batches (a training step's 62 gradients judged
+    alone, 62 waits, BENCHMARKS.md)."""
     found: Dict[int, Errors] = {}
     by_device: Dict[Any, List[int]] = {}
     for k, (_, rows, _) in enumerate(judged):
         by_device.setdefault(rows.device, []).append(k)
     for ks in by_device.values():
-        found.update(errors_of([judged[k] for k in ks],
-                               torch.cat([judged[k][1] for k in ks]).tolist()))
-    return found
-
-
-def errors_of(judged: List[Launched], rows: List[List[float]]) -> Dict[int, Errors]:
-    """Each value's ``Errors`` from the rows of ``judged`` read back, in order."""
-    found: Dict[int, Errors] = {}
-    start = 0
-    for values, _, err_c in judged:
-        found.update(_errors(values, rows[start:start + len(values)], err_c))
-        start += len(values)
+        read = torch.cat([judged[k][1] for k in ks]).tolist()
+        start = 0
+        for k in ks:
+            values, _, err_c = judged[k]
+            found.update(_errors(values, read[start:start + len(values)], err_c))
+            start += len(values)
     return found
 
 
@@ -339,12 +326,11 @@ class Captures:
             return
         weakref.finalize(made, _let_go, numel)
 
-    def replayed(self, key: Any, values: List[Value]) -> Optional[Launched]:
-        """``values``' device work replayed from the capture of their layout (its values,
-        rows and errors per element, overwritten by its next replay); None where the
-        replay failed (then captures end: the caller judges op by op)."""
+    def replayed(self, key: Any, values: List[Value]) -> Optional[Dict[int, Errors]]:
+        """``values``' statistics from the capture of their layout; None where the replay
+        failed (then captures end: the caller judges op by op)."""
         try:
-            return self.made[key].launch(values)
+            return self.made[key].judge(values)
         except Exception as exc:  # noqa: BLE001 - judged op by op, as before
             self._end(exc)
             return None
@@ -367,8 +353,8 @@ class _Replayed:
         self.graph, (self.rows, self.err_c) = capture(
             lambda: _on_device(self.values, self.per_value, tol), values[0].c.device)
 
-    def launch(self, values: List[Value]) -> Launched:
-        """``values``' device work (laid out as the captured ones), by one replay."""
+    def judge(self, values: List[Value]) -> Dict[int, Errors]:
+        """``values``' statistics (laid out as the captured ones), by one replay."""
         targets = [t for v in self.values for t in (v.r, v.c, v.f)]
         sources = [t for v in _ordered(values) for t in (v.r, v.c, v.truth())]
         # One mixed list, which torch's CUDA kernel copies a tensor at a time, on purpose: a
@@ -378,4 +364,4 @@ class _Replayed:
         # (BENCHMARKS.md, "A snapshot's storages, and a copy per dtype tried").
         torch._foreach_copy_(targets, sources)
         self.graph.replay()
-        return self.values, self.rows, self.err_c
+        return _errors(self.values, self.rows.tolist(), self.err_c)

@@ -38,9 +38,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from rocm_autopatch.sentinel.judging import values
 from rocm_autopatch.sentinel.judging.errors import Captures, Errors, Value, statistics
-from rocm_autopatch.sentinel.judging.values import Queued
 
 # torch's tolerances for its criterion: the minifier's repro_tolerance and the benchmark
 # suite's inference tolerance (benchmarks/dynamo/huggingface.py, timm_models.py
@@ -366,36 +364,76 @@ def _integral(r: torch.Tensor, c: torch.Tensor, f: Any, index: int, tol: float,
                     None, None, 0, detail, "integer", torch_ok), torch_ok
 
 
+def _equal(values: List[Value]) -> Dict[int, bool]:
+    """Which integer (or bool) values are equal in eager and compiled, values of one dtype
+    and shape compared in one batch and read in one transfer (a decode step returns tens of
+    0-d positions and lengths: one synchronisation, not two each). Values that differ in
+    dtype, shape or layout are not equal here: the judge looks at them one by one."""
+    groups: Dict[Any, List[Value]] = {}
+    found: Dict[int, bool] = {}
+    for v in values:
+        if not (v.r.dtype == v.c.dtype and v.r.shape == v.c.shape and v.r.device == v.c.device
+                and v.r.layout == v.c.layout == torch.strided):
+            found[v.index] = False
+        elif not v.r.numel():
+            found[v.index] = True
+        else:
+            groups.setdefault((v.r.dtype, v.r.shape, v.r.device), []).append(v)
+    for group in groups.values():
+        r = torch.stack([v.r for v in group]).reshape(len(group), -1)
+        c = torch.stack([v.c for v in group]).reshape(len(group), -1)
+        for v, same_values in zip(group, (r == c).all(dim=1).tolist()):
+            found[v.index] = bool(same_values)
+    return found
+
+
+def _real_pairs(r: Any, c: Any, f: Any) -> Tuple[Any, Any, Any]:
+    """Complex tensors as their (real, imaginary) pairs, judged as floats."""
+    def pairs(x: Any) -> Any:
+        return torch.view_as_real(x.resolve_conj()) if isinstance(x, torch.Tensor) \
+            and x.is_complex() else x
+    return pairs(r), pairs(c), pairs(f)
+
+
 def compare(ref: List[Any], res: List[Any], ref64: List[Any], tol: float,
             derived: Optional[Dict[int, Derived]] = None, strict: bool = True,
             skip: Optional[Dict[int, str]] = None, allowed: Allowance = NONE,
-            captures: Optional[Captures] = None, queued: Optional[Queued] = None
-            ) -> Judgement:
+            captures: Optional[Captures] = None) -> Judgement:
     """Judge each compiled value of ``res`` against eager's ``ref`` with ``ref64`` (float64)
     as the truth. ``strict=False`` (gradients): torch's criterion, non-finite values and
     integers only; the localized and systematic rules are calibrated on forward values.
     ``skip``: values not compared ({index: why}, uninitialised memory), in the stats.
     ``allowed``: what the graph's math functions may round (float32 values).
-    ``captures``: the graph's batches whose statistics are replayed (``errors.Captures``).
-    ``queued``: the same values' device work queued earlier and read (``values.Queued``):
-    its equalities and statistics are taken, not computed again."""
+    ``captures``: the graph's batches whose statistics are replayed (``errors.Captures``)."""
     judged: Dict[int, Tuple[Optional[Mismatch], bool]] = {}
+    floating: List[Value] = []
+    integral: List[Value] = []
     stats: Dict[str, Any] = {}
     if skip:
         stats["not_compared"] = {str(i): why for i, why in skip.items()}
-    floating, integral, others = values.sort(ref, res, ref64, skip)
-    for index in others:
-        r, c, f = ref[index], res[index], ref64[index]
-        ok, said = torch_criterion(r, c, f, tol)
-        judged[index] = (None if ok else Mismatch(
-            index, (), type(r).__name__, 0.0, None, None, None, 0, said or "differs",
-            "torch's criterion", False), ok)
-    equal = values.equal(integral) if queued is None else queued.equal
+    for index, (r, c, f) in enumerate(zip(ref, res, ref64)):
+        if skip and index in skip:
+            continue
+        if isinstance(r, torch.Tensor) and isinstance(c, torch.Tensor):
+            r, c = r.detach(), c.detach()
+            f = f.detach() if isinstance(f, torch.Tensor) else f
+            if r.is_complex() and c.is_complex():
+                r, c, f = _real_pairs(r, c, f)
+            if r.is_floating_point() and c.is_floating_point() and c.shape == r.shape:
+                floating.append(Value(index, r, c, f))
+            else:
+                integral.append(Value(index, r, c, f))
+        else:
+            ok, said = torch_criterion(r, c, f, tol)
+            judged[index] = (None if ok else Mismatch(
+                index, (), type(r).__name__, 0.0, None, None, None, 0, said or "differs",
+                "torch's criterion", False), ok)
+    equal = _equal(integral)
     for v in integral:
         # equal integers pass torch's criterion (its allclose of equal tensors) and ours
         judged[v.index] = (None, True) if equal[v.index] else _integral(
             v.r, v.c, v.f, v.index, tol, (derived or {}).get(v.index))
-    found = statistics(floating, tol, captures) if queued is None else queued.found
+    found = statistics(floating, tol, captures)
     for v in floating:
         judged[v.index] = _floating(v, found[v.index], tol, stats, strict, allowed)
     bad = [judged[i][0] for i in sorted(judged) if judged[i][0] is not None]

@@ -64,7 +64,6 @@ class Later:
         self.side = capturing.capture_stream(device)
         self.done = torch.cuda.Event()
         self.runs: Any = None
-        self.queued: Any = None  # its judge's device work, once queued (``sentinel.pending``)
         self.outputs: List[Any] = []
         self.after: Dict[int, Any] = {}
         self.versions: List[Optional[int]] = []
@@ -100,7 +99,15 @@ class Later:
     def wait(self, seconds: float = 0.0) -> bool:
         """Wait for this check's work (at most ``seconds`` where given: at exit, a program
         whose stream is stuck must not hang there); was it done?"""
-        return waited(self.done, seconds)
+        if not seconds:
+            self.done.synchronize()
+            return True
+        deadline = time.perf_counter() + seconds
+        while not self.done.query():
+            if time.perf_counter() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     @contextlib.contextmanager
     def judging(self) -> Iterator[None]:
@@ -121,16 +128,3 @@ class Later:
         an input that aliases a written one is read from the snapshot too)."""
         return sorted(i for i in numerics.changed(flat, self.versions)
                       if i in self.captured.read)
-
-
-def waited(event: Any, seconds: float = 0.0) -> bool:
-    """Wait for ``event`` (at most ``seconds`` where given); has it passed?"""
-    if not seconds:
-        event.synchronize()
-        return True
-    deadline = time.perf_counter() + seconds
-    while not event.query():
-        if time.perf_counter() > deadline:
-            return False
-        time.sleep(0.001)
-    return True

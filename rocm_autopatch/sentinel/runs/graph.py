@@ -48,9 +48,6 @@ class Graph:
         self.confirm = 0  # the call whose deferred verdict differed: the next is checked at once
         self.untied = 0  # checks in a row not judged for a near tie (``check.undecided``)
         self.judges: Any = None  # its judge's device work, captured by layout (``compare``)
-        # elements its groups of written inputs changed at the last check (``regions``: a
-        # verdict read later is queued at those counts; None: queuing failed, never again)
-        self.written_counts: Optional[Dict[Any, int]] = {}
         self.rungs: Any = None  # its part of the store of rungs (``scheduling.rungs``)
         self.schedule = schedule.Schedule(checks, share,
                                           schedule.dynamic_inputs(self.placeholders))
