@@ -123,7 +123,7 @@ def autocasting(gm: Any) -> bool:
 FP64_RUN_FACTOR = 3  # the float64 run's peak, over the values the fake run holds at once
 JUDGE_FACTOR = 26  # the judge's temporaries, in float64 copies of the outputs
 # On a GPU the judge compares and gathers the written inputs of one shape stacked, this
-# many bytes of one kind at a time (``sentinel/compare.py`` ``written_regions``): at most
+# many bytes of one kind at a time (``sentinel/regions.py`` ``written_regions``): at most
 # four such stacks at once (before, eager, compiled and their comparison), and never more
 # than four times the state itself.
 STACK_BYTES = 1 << 26
