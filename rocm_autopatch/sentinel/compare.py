@@ -3,10 +3,10 @@ the state the call writes (replayed as a device graph where captured, ``runs.rep
 op by op), the regions of the written inputs that changed (``regions``), and the judged
 values; where a choice the graph computes on was a near tie (``judging.choices``), what it
 reaches excused or the references run again with the tie taken each way (``branches``).
-Used by a check
-judged at the call (``check``) and by one whose verdict is read later (``pending``); for
-the latter, on a GPU, the judge's device work for a layout of values seen before is
-replayed as a captured graph (``judging.errors.Captures``, captured by ``_captured_judge``).
+Used by a check judged at the call (``check``) and by one whose verdict is read later
+(``pending``); for the latter, on a GPU, the judge's device work for a layout of values
+seen before is replayed as a captured graph (``judging.errors.Captures``, captured by
+``_captured_judge``).
 """
 
 from __future__ import annotations
