@@ -130,15 +130,15 @@ class Check:
             schedule.follow(plan, *integers.readers(self.flat, self.count, self.analysis.mutated))
             plan.magnitudes.warm(self.flat)  # its first read's one-time cost, here
             rungs.recall(self.graph, self.flat, plan.dynamic)  # held tensors too
-        need = self.need = footprint.reference_bytes(
-            self.analysis.footprint,
-            snapshot.Snapshot.bytes_needed(self.flat, self.analysis.mutated))
+        parts = footprint.reference_parts(self.analysis.footprint, snapshot.Snapshot.bytes_needed(
+            self.flat, self.analysis.mutated))
+        need = self.need = sum(parts.values())
         self.device = next((t.device for t in self.flat if isinstance(t, torch.Tensor)), None)
         room = memory.free_bytes(self.device) if self.device is not None else None
         if room is None or need <= room * memory.SHARE:
             return False
-        self.graph.skip(f"not checked: its eager and float64 references would need about "
-                        f"{need / 2**30:.2f} GiB, more than half of the "
+        self.graph.skip(f"not checked: its eager and float64 references would need "
+                        f"{footprint.said(parts)}, more than half of the "
                         f"{room / 2**30:.2f} GiB free")
         return True
 

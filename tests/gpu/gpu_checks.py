@@ -278,13 +278,14 @@ def check_memory_estimate() -> Dict[str, Any]:
     from rocm_autopatch.sentinel.runs import footprint
 
     said = []
-    real = footprint.reference_bytes
+    real = footprint.reference_parts
 
-    def spy(found: Any, state: int) -> int:
-        said.append(real(found, state))
-        return said[-1]
+    def spy(found: Any, state: int) -> Dict[str, int]:
+        parts = real(found, state)
+        said.append(sum(parts.values()))
+        return parts
 
-    footprint.reference_bytes = spy
+    footprint.reference_parts = spy
     built: Dict[str, Any] = {}
     exec(llama_child(layers=4, prompt=2048), built)  # benchmarks/common.py's TinyLlama
     model, ids = built["model"], built["ids"]

@@ -77,7 +77,7 @@ def test_what_a_check_holds_counts_values_alive_at_once_and_one_weight_cast_at_a
     assert weight64 <= found.cast_fp64_bytes <= weight64 + 16 * 1024 * 8
     activation = 16 * 1024 * 4
     assert found.peak_bytes <= 2 * activation  # two activations at most at once
-    need = footprint.reference_bytes(found, 0)
+    need = sum(footprint.reference_parts(found, 0).values())
     assert need < 2 * weight64, need  # the three weights in float64 would be 3 * weight64
     # Under autocast (a training forward: weights that require grad) eager keeps its bf16
     # casts of the weights for the whole region, and so does the fake run; the float64 run

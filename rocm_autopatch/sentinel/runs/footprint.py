@@ -13,7 +13,7 @@ What the float64 run and the judge hold beyond that is calibrated on a GPU (belo
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Set, Tuple
 
 import torch
 
@@ -129,12 +129,35 @@ JUDGE_FACTOR = 26  # the judge's temporaries, in float64 copies of the outputs
 STACK_BYTES = 1 << 26
 
 
-def reference_bytes(found: Footprint, state: int) -> int:
-    """Memory a forward check may need at its peak, before anything is copied: the state the
-    graph writes (``state`` bytes: kept, a copy for eager, one in float64); then the eager
-    run at its peak, or, after it, its outputs with the compiled ones beside the float64 run
-    at its peak and one op's casts; and the judge's float64 temporaries and stacks."""
+def reference_parts(found: Footprint, state: int) -> Dict[str, int]:
+    """Memory a forward check may need at its peak, before anything is copied, by what holds
+    it (the need is their sum): the state the graph writes (``state`` bytes: kept, a copy
+    for eager, one in float64, and the judge's stacks of it); then the eager run at its
+    peak, or, after it, its outputs with the compiled ones beside the float64 run at its
+    peak and one op's casts; and the judge's float64 temporaries. By part, so that a check
+    skipped for memory says which is large, and so which factor above a larger graph meets
+    (an 8B prefill on an 80 GB card: 39 GiB, BENCHMARKS.md)."""
+    parts = {"copies of the state it writes": 6 * state + 4 * min(state, STACK_BYTES)}
     after_eager = (2 * found.out_bytes + FP64_RUN_FACTOR * found.peak_fp64_bytes
                    + found.cast_fp64_bytes)
-    return (6 * state + max(found.peak_bytes, after_eager)
-            + JUDGE_FACTOR * found.out_fp64_bytes + 4 * min(state, STACK_BYTES))
+    if found.peak_bytes > after_eager:
+        parts["the eager run"] = found.peak_bytes
+    else:
+        parts["the float64 run"] = FP64_RUN_FACTOR * found.peak_fp64_bytes
+        parts["one op's float64 casts"] = found.cast_fp64_bytes
+        parts["eager's and compiled's outputs"] = 2 * found.out_bytes
+    parts["the judge"] = JUDGE_FACTOR * found.out_fp64_bytes
+    return parts
+
+
+def said(parts: Dict[str, int]) -> str:
+    """``reference_parts`` in words: about the whole (the parts, largest first, those of no
+    bytes left out)."""
+    each = ", ".join(f"{name} {size_said(size)}"
+                     for name, size in sorted(parts.items(), key=lambda kv: -kv[1]) if size)
+    return f"about {size_said(sum(parts.values()))} ({each})"
+
+
+def size_said(size: int) -> str:
+    """Bytes in GiB from 1 GiB up, else in MiB."""
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
