@@ -28,7 +28,7 @@ import tempfile
 import time
 import venv
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -118,6 +118,9 @@ class Venv:
         out = subprocess.run([self.python, "-c", "import sysconfig; print(sysconfig.get_paths()"
                               "['purelib'])"], capture_output=True, text=True, check=True)
         self.site = Path(out.stdout.strip())
+        # What the last torchrun killed at its timeout had printed (stdout, stderr), for a
+        # test whose job should have finished to say where it stopped
+        self.timed_out: Tuple[str, str] = ("", "")
 
     def run(self, code: str, *args: str, env: Optional[Dict[str, str]] = None,
             flags: List[str] = (), timeout: int = 600, cwd: Optional[str] = None
@@ -146,7 +149,7 @@ class Venv:
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            proc.communicate()
+            self.timed_out = proc.communicate()
             return None
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -359,6 +359,10 @@ def test_autotuning_shared_between_ranks_is_off_so_no_rank_waits_on_anothers_cac
     assert [(r["ok"], r["shared"], r["hit"]) for r in ranks] == [(True, False, 1),
                                                                   (True, False, 0)]
     # Without it: the same two runs, and the second hangs (rank 1 waits for rank 0, whose
-    # cache hit skipped the collective).
-    assert [r["shared"] for r in job("0", "torchs", "torchs")] == [True, True]
+    # cache hit skipped the collective). The first must finish (once, in a CI run of the
+    # whole suite, it was killed at 240 s; alone and under load it takes seconds): where it
+    # does not, say where each rank stopped.
+    warmed = job("0", "torchs", "torchs")
+    assert warmed is not None, [text[-3000:] for text in torch_venv.timed_out]
+    assert [r["shared"] for r in warmed] == [True, True]
     assert job("0", "torchs", "torchs-lost", timeout=45) is None
